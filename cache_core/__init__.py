@@ -1,0 +1,1 @@
+"""scache online path: embed, search, decide, and stream every decision."""

@@ -1,0 +1,184 @@
+"""The one versioned schema of everything scache streams through Kafka.
+
+Producer (cache_core.publisher), Flink job (jobs/) and tests import these models;
+the Flink source DDL and the ClickHouse raw-events columns are derived from them
+(``flink_columns`` / ``clickhouse_columns``), and a unit test checks that the
+ClickHouse migration agrees. Bump ``SCHEMA_VERSION`` on any incompatible change.
+"""
+from __future__ import annotations
+
+import time
+import types
+from datetime import datetime
+import typing
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from cache_core.experiments import ExperimentConfig
+
+SCHEMA_VERSION = 1
+
+EventType = Literal["decision", "heartbeat"]
+Decision = Literal["hit", "miss", "bypass", "none"]
+Verdict = Literal["correct", "wrong"]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class CacheEvent(BaseModel):
+    """One cache decision (or a watermark heartbeat), as produced to the events topic."""
+
+    schema_version: int = SCHEMA_VERSION
+    event_type: EventType = "decision"
+    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    """Unique per request; feedback refers to it."""
+    ts_ms: int = Field(default_factory=now_ms)
+    """Event time: when the decision was made (epoch milliseconds, UTC)."""
+    instance_id: str = ""
+    """Which cache process decided."""
+    namespace: str = "default"
+    """Tenant; entries never cross namespaces."""
+    experiment_id: str = ""
+    arm: str = ""
+    unit_id: str = ""
+    """The randomisation unit (user, session, tenant) the arm was chosen for."""
+    assignment_prob: float = 1.0
+    """Probability of this arm for a random unit, for reweighting analyses."""
+    partition_mode: str = "partitioned"
+    config_version: int = 0
+    decision: Decision = "none"
+    hit: bool = False
+    threshold: float | None = None
+    similarity: float | None = None
+    """Top-1 similarity, logged on hits and misses alike (null if the index was empty)."""
+    intent_cluster: int = -1
+    embedding_l2_norm: float | None = None
+    entry_id: str | None = None
+    entry_age_s: float | None = None
+    entry_ttl_s: float | None = None
+    index_kind: str = ""
+    ann_checked: bool = False
+    """Whether exact search was also run for this request to measure ANN precision."""
+    ann_agree: bool | None = None
+    ann_recall_at_k: float | None = None
+    guard: str | None = None
+    """Name of the lexical guard that turned a would-be hit into a miss."""
+    embed_ms: float = 0.0
+    search_ms: float = 0.0
+    latency_ms: float = 0.0
+    query_chars: int = 0
+    query_text: str | None = None
+    """Raw query, only when settings allow it to leave the process."""
+
+    def kafka_key(self) -> bytes:
+        # Keyed by unit so one unit's events stay ordered within a partition.
+        return (self.unit_id or self.request_id).encode()
+
+
+class FeedbackEvent(BaseModel):
+    """A verdict on a served answer, produced to the feedback topic."""
+
+    schema_version: int = SCHEMA_VERSION
+    request_id: str = Field(min_length=1, max_length=128)
+    verdict: Verdict
+    ts_ms: int = Field(default_factory=now_ms)
+    source: str = "user"
+
+    def kafka_key(self) -> bytes:
+        return self.request_id.encode()
+
+
+class ControlMessage(BaseModel):
+    """A full experiment config; the control topic is compacted by experiment id,
+    so the latest version of every experiment survives and restarts replay it."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["experiment"] = "experiment"
+    experiment: ExperimentConfig
+    actor: str = "unknown"
+    reason: str = ""
+    ts_ms: int = Field(default_factory=now_ms)
+
+    def kafka_key(self) -> bytes:
+        return self.experiment.experiment_id.encode()
+
+
+class WindowAggregate(BaseModel):
+    """One row of the attribution job's output: an event-time window x dimensions.
+
+    Written by jobs/attribution_job.py to ClickHouse (ReplacingMergeTree keyed by
+    the dimensions, so a window re-sent after a restart replaces, never doubles).
+    """
+
+    window_start: datetime
+    window_end: datetime
+    experiment_id: str
+    arm: str
+    namespace: str
+    config_version: int
+    intent_cluster: int
+    index_kind: str
+    lifetime_bucket: str
+    """fresh / mid / late / expired / none (see udfs.buckets.lifetime_bucket)."""
+    requests: int
+    hits: int
+    decayed_hits: float
+    """Sum over hits of udfs.decay.sim_decay(similarity, entry_age_s)."""
+    similarity_sum: float
+    similarity_count: int
+    ann_checks: int
+    ann_agreements: int
+    guard_blocks: int
+    latency_sum_ms: float
+    latency_hist: list[int]
+    """Counts per bucket of udfs.buckets.LATENCY_BOUNDS_MS (last bucket: above all)."""
+    emitted_at_ms: int
+    """Version for ReplacingMergeTree: the latest emission of a window wins."""
+
+
+# -- derived column lists -------------------------------------------------------------
+
+_FLINK_TYPES = {
+    int: "BIGINT", float: "DOUBLE", str: "STRING", bool: "BOOLEAN",
+    datetime: "TIMESTAMP_LTZ(3)", list: "ARRAY<BIGINT>",
+}
+_CLICKHOUSE_TYPES = {
+    int: "Int64", float: "Float64", str: "String", bool: "Bool",
+    datetime: "DateTime64(3, 'UTC')", list: "Array(Int64)",
+}
+
+
+def _base_type(annotation: object) -> tuple[type, bool]:
+    """(python scalar type, nullable) for a field annotation."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0])[0], True
+    if origin is Literal:
+        return type(typing.get_args(annotation)[0]), False
+    if origin is list:
+        return list, False
+    return typing.cast(type, annotation), False
+
+
+def flink_columns(model: type[BaseModel] = CacheEvent) -> list[tuple[str, str]]:
+    """(name, Flink SQL type) for each field, in schema order."""
+    cols = []
+    for name, info in model.model_fields.items():
+        base, _ = _base_type(info.annotation)
+        cols.append((name, _FLINK_TYPES[base]))
+    return cols
+
+
+def clickhouse_columns(model: type[BaseModel] = CacheEvent) -> list[tuple[str, str]]:
+    """(name, ClickHouse type) for each field, in schema order."""
+    cols = []
+    for name, info in model.model_fields.items():
+        base, nullable = _base_type(info.annotation)
+        ch = _CLICKHOUSE_TYPES[base]
+        cols.append((name, f"Nullable({ch})" if nullable else ch))
+    return cols

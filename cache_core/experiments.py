@@ -1,0 +1,139 @@
+"""Experiment definitions and deterministic, sticky arm assignment.
+
+Kept free of heavy imports: the dashboard, the Flink job and the tests use it.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+IndexKind = Literal["flat", "ivf", "hnsw"]
+TtlPolicy = Literal["absolute", "sliding"]
+PartitionMode = Literal["partitioned", "shared"]
+GuardName = Literal["negation", "numbers", "dates", "entities"]
+
+HOLDOUT_ARM = "holdout"
+HASH_BUCKETS = 10_000
+
+
+class ArmConfig(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    weight: float = Field(1.0, gt=0)
+    threshold: float = Field(0.82, ge=-1.0, le=1.0)
+    cluster_thresholds: dict[int, float] = Field(default_factory=dict)
+    index_kind: IndexKind = "flat"
+    ivf_nlist: int = Field(64, ge=1)
+    ivf_nprobe: int = Field(8, ge=1)
+    hnsw_m: int = Field(32, ge=4)
+    hnsw_ef_search: int = Field(64, ge=1)
+    ttl_policy: TtlPolicy = "absolute"
+    ttl_s: float = Field(3600.0, gt=0)
+    max_age_s: float = Field(86400.0, gt=0)
+    guards: list[GuardName] = Field(default_factory=list)
+    capacity_entries: int = Field(100_000, ge=1)
+    capacity_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    ann_check_rate: float = Field(0.1, ge=0.0, le=1.0)
+
+    @field_validator("name")
+    @classmethod
+    def _not_holdout(cls, name: str) -> str:
+        if name == HOLDOUT_ARM:
+            raise ValueError(f"arm name {HOLDOUT_ARM!r} is reserved")
+        return name
+
+    def threshold_for(self, cluster: int | None) -> float:
+        if cluster is not None and cluster in self.cluster_thresholds:
+            return self.cluster_thresholds[cluster]
+        return self.threshold
+
+
+class ExperimentConfig(BaseModel):
+    experiment_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    salt: str = Field(min_length=1)
+    # Share of units that enter the experiment; the rest are holdout and
+    # bypass the cache, giving the no-cache baseline.
+    traffic_share: float = Field(1.0, ge=0.0, le=1.0)
+    partition_mode: PartitionMode = "partitioned"
+    arms: list[ArmConfig] = Field(min_length=1)
+    version: int = Field(1, ge=1)
+    updated_by: str = "config-file"
+    updated_at_ms: int = 0
+
+    @model_validator(mode="after")
+    def _unique_arms(self) -> "ExperimentConfig":
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate arm names in {self.experiment_id}: {names}")
+        return self
+
+    def arm(self, name: str) -> ArmConfig:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"experiment {self.experiment_id!r} has no arm {name!r}")
+
+    def arm_probabilities(self) -> dict[str, float]:
+        """Probability that a random unit lands in each arm (holdout included)."""
+        total = sum(a.weight for a in self.arms)
+        probs = {a.name: self.traffic_share * a.weight / total for a in self.arms}
+        probs[HOLDOUT_ARM] = 1.0 - self.traffic_share
+        return probs
+
+
+class Assignment(BaseModel):
+    experiment_id: str
+    arm: str
+    probability: float
+    config_version: int
+
+    @property
+    def is_holdout(self) -> bool:
+        return self.arm == HOLDOUT_ARM
+
+
+def _unit_bucket(salt: str, unit_id: str) -> float:
+    """Uniform in [0, 1), stable across processes, hosts and restarts."""
+    digest = hashlib.sha256(f"{salt}:{unit_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def assign(experiment: ExperimentConfig, unit_id: str) -> Assignment:
+    """Deterministically pick the arm for a unit (user, session, tenant...)."""
+    probs = experiment.arm_probabilities()
+    point = _unit_bucket(experiment.salt, unit_id)
+    if point >= experiment.traffic_share:
+        arm = HOLDOUT_ARM
+    else:
+        # Re-scale within the experiment's share so arm weights split it.
+        inner = point / experiment.traffic_share if experiment.traffic_share else 0.0
+        total = sum(a.weight for a in experiment.arms)
+        cumulative, arm = 0.0, experiment.arms[-1].name
+        for candidate in experiment.arms:
+            cumulative += candidate.weight / total
+            if inner < cumulative:
+                arm = candidate.name
+                break
+    return Assignment(
+        experiment_id=experiment.experiment_id,
+        arm=arm,
+        probability=probs[arm],
+        config_version=experiment.version,
+    )
+
+
+def load_experiments(path: Path) -> dict[str, ExperimentConfig]:
+    """Read the experiments file (YAML: ``experiments: [ {...}, ... ]``)."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ValueError(f"experiments file not found: {path}") from exc
+    items = raw.get("experiments", [])
+    experiments = [ExperimentConfig.model_validate(item) for item in items]
+    by_id = {e.experiment_id: e for e in experiments}
+    if len(by_id) != len(experiments):
+        raise ValueError(f"duplicate experiment ids in {path}")
+    return by_id

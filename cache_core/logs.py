@@ -1,0 +1,48 @@
+"""Structured logging: one JSON object per line (or readable console lines)."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+_STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        # Anything passed as logger.info("...", extra={...}) becomes a field.
+        payload.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+class ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(
+            f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD
+        )
+        base = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        text = f"{base} {extras}" if extras else base
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
+    """Idempotent root-logger setup for every scache process."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("kafka", "urllib3", "httpx", "sentence_transformers"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
