@@ -1,0 +1,188 @@
+"""Start the whole embedded stack on one machine, in dependency order.
+
+Kafka broker -> warehouse (chdb over ClickHouse HTTP) + migrations -> topics ->
+Flink attribution job -> cache service -> dashboard. Every service binds to
+loopback on a free port; children get their endpoints through SCACHE_* variables,
+exactly as they would in production.
+
+    python -m infra.stack demo [--rate 10] [--window-s 10] [--state-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cache_core.logs import configure_logging
+from cache_core.settings import Settings
+from infra.runtime import REPO_ROOT, Service, free_port, scache_home, spawn, wait_until
+
+log = logging.getLogger("scache.stack")
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status == 200
+
+
+@dataclass
+class Stack:
+    """The running services and the environment that points children at them."""
+
+    state_dir: Path
+    window_s: int = 10
+    services: list[Service] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def settings(self) -> Settings:
+        """Settings as the children see them (for in-process clients)."""
+        saved = dict(os.environ)
+        os.environ.update(self.env)
+        try:
+            return Settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    # -- services ---------------------------------------------------------------------
+    def start_kafka(self) -> Service:
+        from infra.kafka.broker import start_broker
+
+        broker = start_broker(self.state_dir / "kafka")
+        self.services.append(broker)
+        self.env["SCACHE_KAFKA__BOOTSTRAP_SERVERS"] = broker.info["bootstrap"]
+        from infra.kafka.topics import ensure_topics
+
+        ensure_topics(self.settings().kafka)
+        return broker
+
+    def start_warehouse(self) -> Service:
+        from cache_core.chclient import connect
+        from infra.clickhouse.migrate import apply_migrations
+        from infra.clickhouse.warehouse import start_warehouse
+
+        warehouse = start_warehouse(self.state_dir / "warehouse")
+        self.services.append(warehouse)
+        self.env["SCACHE_CLICKHOUSE__URL"] = warehouse.info["url"]
+        settings = self.settings()
+        apply_migrations(connect(settings.clickhouse), settings.clickhouse.database)
+        return warehouse
+
+    def start_flink_job(self) -> Service:
+        from infra.flink.resolve import connector_jar
+
+        self.env.update({
+            "SCACHE_FLINK__CONNECTOR_JAR": str(connector_jar()),
+            "SCACHE_FLINK__WINDOW_S": str(self.window_s),
+            "SCACHE_FLINK__WATERMARK_DELAY_S": "2",
+            "SCACHE_FLINK__IDLE_TIMEOUT_S": "2",
+            "SCACHE_FLINK__CHECKPOINT_DIR": str(self.state_dir / "checkpoints"),
+        })
+        log_path = self.state_dir / "logs" / "flink-job.log"
+        job = spawn("flink-job", [sys.executable, str(REPO_ROOT / "jobs" / "attribution_job.py")],
+                    log_path, env=self.env)
+        self.services.append(job)
+        wait_until(lambda: "job submitted" in log_path.read_text(errors="replace").lower(),
+                   timeout_s=240, what="flink job", proc=job.proc, log_path=log_path)
+        return job
+
+    def start_cache(self) -> Service:
+        port = free_port()
+        self.env.update({
+            "SCACHE_SERVICE__PORT": str(port),
+            "SCACHE_CACHE__SNAPSHOT_DIR": str(self.state_dir / "snapshots"),
+        })
+        log_path = self.state_dir / "logs" / "cache-service.log"
+        cache = spawn("cache-service", [sys.executable, "-m", "cache_core.service"], log_path, env=self.env)
+        cache.info["url"] = f"http://127.0.0.1:{port}"
+        self.services.append(cache)
+        wait_until(lambda: _http_ok(cache.info["url"] + "/healthz"), timeout_s=180,
+                   what="cache service", proc=cache.proc, log_path=log_path)
+        return cache
+
+    def start_dashboard(self) -> Service:
+        port = free_port()
+        log_path = self.state_dir / "logs" / "dashboard.log"
+        cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "app.py"),
+               "--server.address", "127.0.0.1", "--server.port", str(port),
+               "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+        dash = spawn("dashboard", cmd, log_path, env=self.env)
+        dash.info["url"] = f"http://127.0.0.1:{port}"
+        self.services.append(dash)
+        wait_until(lambda: _http_ok(dash.info["url"] + "/_stcore/health"), timeout_s=120,
+                   what="dashboard", proc=dash.proc, log_path=log_path)
+        return dash
+
+    def start_all(self) -> None:
+        self.start_kafka()
+        self.start_warehouse()
+        self.start_flink_job()
+        self.start_cache()
+        self.start_dashboard()
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            try:
+                service.stop()
+            except Exception:
+                log.exception("could not stop %s", service.name)
+        self.services.clear()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from infra.traffic import replay_forever
+
+    state_dir = Path(args.state_dir) if args.state_dir else scache_home() / "demo"
+    # Each demo starts from empty services, so its dashboard shows this run only.
+    shutil.rmtree(state_dir, ignore_errors=True)
+    stack = Stack(state_dir=state_dir, window_s=args.window_s)
+    stopping = {"flag": False}
+
+    def _stop(signum, _frame):
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    started = time.monotonic()
+    try:
+        log.info("starting the embedded stack", extra={"state_dir": str(state_dir)})
+        stack.start_all()
+        cache_url = stack.services[-2].info["url"]
+        dash_url = stack.services[-1].info["url"]
+        log.info("stack up in %.0fs", time.monotonic() - started)
+        print(f"\n  scache demo is running.\n  Dashboard:     {dash_url}\n"
+              f"  Cache API:     {cache_url}/docs\n  ClickHouse:    {stack.env['SCACHE_CLICKHOUSE__URL']}\n"
+              f"  Kafka:         {stack.env['SCACHE_KAFKA__BOOTSTRAP_SERVERS']}\n"
+              f"  Logs:          {state_dir / 'logs'}\n  Ctrl-C stops everything.\n", flush=True)
+        replay_forever(cache_url, rate_per_s=args.rate, experiments_file=stack.settings().experiments_file)
+    except KeyboardInterrupt:
+        log.info("stopping")
+    finally:
+        stack.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="start everything and replay banking77 traffic live")
+    demo.add_argument("--rate", type=float, default=10.0, help="requests per second (default 10)")
+    demo.add_argument("--window-s", type=int, default=10, help="attribution window in seconds (default 10)")
+    demo.add_argument("--state-dir", help="where service data and logs go (default $SCACHE_HOME/demo)")
+    args = parser.parse_args(argv)
+    if args.rate <= 0:
+        parser.error("--rate must be positive")
+    configure_logging()
+    return _demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
