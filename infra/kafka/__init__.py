@@ -1,0 +1,1 @@
+"""Embedded single-node Kafka: jar resolution, broker launcher, topic setup."""

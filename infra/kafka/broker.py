@@ -1,0 +1,208 @@
+"""A single-node KRaft Kafka broker (broker+controller in one JVM) on loopback.
+
+Its state lives entirely in ``data_dir``: storage is formatted once, so starting
+again on the same directory keeps every topic and message. The ports last used are
+remembered there too and preferred on a restart, so clients' bootstrap stays valid.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from infra.kafka.resolve import kafka_classpath
+from infra.runtime import Service, free_port, port_open, spawn, wait_until
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+NODE_ID = 1
+START_TIMEOUT_S = 120.0
+
+
+def start_broker(data_dir: Path, port: int | None = None, controller_port: int | None = None,
+                 heap: str = "512m") -> Service:
+    """Start the broker, wait until it serves metadata, and return its Service.
+
+    ``service.info["bootstrap"]`` is ``127.0.0.1:<port>``. Free ports are chosen when
+    a port is None (preferring the ones this data_dir used last, if still free).
+    """
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port, controller_port = _choose_ports(data_dir, port, controller_port)
+    classpath = kafka_classpath()
+    props = write_server_properties(data_dir, port, controller_port)
+    if not is_formatted(data_dir):
+        format_storage(classpath, props, heap)
+    cmd = _java(classpath, heap) + ["kafka.Kafka", str(props)]
+    started = time.monotonic()
+    service = spawn("kafka", cmd, data_dir / "broker.log")
+    bootstrap = f"{HOST}:{port}"
+    service.info.update(bootstrap=bootstrap, port=port, controller_port=controller_port,
+                        data_dir=str(data_dir))
+    try:
+        wait_until(lambda: _answers(bootstrap), START_TIMEOUT_S, "kafka broker",
+                   interval_s=0.5, proc=service.proc, log_path=service.log_path)
+    except BaseException:
+        service.kill()
+        raise
+    service.info["start_s"] = round(time.monotonic() - started, 2)
+    log.info("kafka broker ready", extra={"bootstrap": bootstrap, "start_s": service.info["start_s"]})
+    return service
+
+
+def _choose_ports(data_dir: Path, port: int | None, controller_port: int | None) -> tuple[int, int]:
+    remembered = _read_ports(data_dir)
+
+    def pick(asked: int | None, key: str) -> int:
+        if asked is not None:
+            return asked
+        last = remembered.get(key)
+        return last if last and not port_open(HOST, last) and _bindable(last) else free_port(HOST)
+
+    chosen = pick(port, "port"), pick(controller_port, "controller_port")
+    (data_dir / "ports.json").write_text(json.dumps(
+        {"port": chosen[0], "controller_port": chosen[1]}))
+    return chosen
+
+
+def _read_ports(data_dir: Path) -> dict:
+    try:
+        return json.loads((data_dir / "ports.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _bindable(port: int) -> bool:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+            return True
+        except OSError:
+            return False
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+    """The broker's configuration: one node, loopback only, explicit topic creation."""
+    return {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data_dir / "logs"),
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Check for compactable segments often, so the control topic really compacts.
+        "log.cleaner.backoff.ms": "2000",
+        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "background.threads": "2",
+    }
+
+
+def write_server_properties(data_dir: Path, port: int, controller_port: int) -> Path:
+    path = data_dir / "server.properties"
+    lines = [f"{k}={v}" for k, v in server_properties(data_dir, port, controller_port).items()]
+    path.write_text("# Written by infra/kafka/broker.py on every start.\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def is_formatted(data_dir: Path) -> bool:
+    return (data_dir / "logs" / "meta.properties").exists()
+
+
+def format_storage(classpath: str, props: Path, heap: str = "512m") -> None:
+    """Format the KRaft log dir once with a fresh cluster id (kafka-storage.sh format)."""
+    cmd = _java(classpath, heap) + ["kafka.tools.StorageTool", "format",
+                                    "-t", new_cluster_id(), "-c", str(props)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"kafka storage format failed ({done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, base64url without padding, not starting with '-'."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _java(classpath: str, heap: str) -> list[str]:
+    return [
+        "java", f"-Xmx{heap}", "-Xms64m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+        "-cp", classpath,
+    ]
+
+
+def _answers(bootstrap: str) -> bool:
+    """True once the broker answers a metadata request (via kafka-python's admin client)."""
+    from kafka.admin import KafkaAdminClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    if not port_open(host, int(port)):
+        return False
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000,
+                             bootstrap_timeout_ms=3000, client_id="scache-readiness")
+    try:
+        return bool(admin.describe_cluster().get("brokers"))
+    finally:
+        admin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a single-node Kafka broker in the foreground.")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--controller-port", type=int, default=None)
+    parser.add_argument("--heap", default="512m")
+    args = parser.parse_args(argv)
+    from cache_core.logs import configure_logging
+    configure_logging()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        service = start_broker(args.data_dir, args.port, args.controller_port, args.heap)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"kafka broker ready at {service.info['bootstrap']} (log: {service.log_path})", flush=True)
+    try:
+        while not stop.wait(1.0):
+            if not service.alive():
+                print(f"error: broker exited with {service.proc.returncode}", file=sys.stderr)
+                return 1
+    finally:
+        service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
