@@ -1,0 +1,1 @@
+"""Streamlit dashboard: attribution views, A/B statistics and the control panel."""
