@@ -8,7 +8,7 @@ says so in ``status``; it never returns a made-up p-value or interval.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -169,28 +169,3 @@ def srm_check(observed: Mapping[str, int], weights: Mapping[str, float],
     p_value = float(sps.chi2.sf(chi2, dof))
     return SrmResult(chi2, p_value, dof, expected, counts, p_value < alpha, "ok")
 
-
-def histogram_quantile(counts: Sequence[int], bounds: Sequence[float], q: float) -> float | None:
-    """Quantile ``q`` of a bucketed distribution, interpolating within a bucket.
-
-    ``counts[i]`` holds values in ``(bounds[i-1], bounds[i]]`` (the first bucket
-    starts at 0); the last count is the overflow bucket above ``bounds[-1]``,
-    for which the best honest answer is ``bounds[-1]`` (a lower bound).
-    """
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile must be in [0, 1], got {q}")
-    if len(counts) != len(bounds) + 1:
-        raise ValueError(f"need len(bounds)+1 counts, got {len(counts)} for {len(bounds)} bounds")
-    total = sum(counts)
-    if total <= 0:
-        return None
-    rank = q * total
-    cumulative = 0.0
-    for i, count in enumerate(counts):
-        if count and cumulative + count >= rank:
-            if i == len(bounds):
-                return float(bounds[-1])
-            lower = 0.0 if i == 0 else float(bounds[i - 1])
-            return lower + (float(bounds[i]) - lower) * (rank - cumulative) / count
-        cumulative += count
-    return float(bounds[-1])

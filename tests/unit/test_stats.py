@@ -13,7 +13,6 @@ from statsmodels.stats.proportion import (
 from dashboard.stats import (
     ProportionStat,
     diff_of_proportions,
-    histogram_quantile,
     srm_check,
     wilson_interval,
 )
@@ -136,26 +135,3 @@ def test_srm_no_data():
     got = srm_check({}, {"a": 1, "b": 1})
     assert got.status == "no_data" and got.p_value is None and not got.mismatch
 
-
-BOUNDS = [1, 2, 5, 10]
-
-
-def test_histogram_quantile_interpolates_within_bucket():
-    # 10 values in (2, 5]: the median sits halfway through that bucket.
-    assert histogram_quantile([0, 0, 10, 0, 0], BOUNDS, 0.5) == pytest.approx(3.5)
-    assert histogram_quantile([10, 0, 0, 0, 0], BOUNDS, 0.5) == pytest.approx(0.5)
-
-
-def test_histogram_quantile_across_buckets():
-    counts = [5, 5, 0, 10, 0]  # p95 rank 19 of 20 -> 9/10 through (5, 10]
-    assert histogram_quantile(counts, BOUNDS, 0.95) == pytest.approx(9.5)
-
-
-def test_histogram_quantile_overflow_is_lower_bound():
-    assert histogram_quantile([0, 0, 0, 0, 3], BOUNDS, 0.5) == 10.0
-
-
-def test_histogram_quantile_empty_and_bad_input():
-    assert histogram_quantile([0] * 5, BOUNDS, 0.5) is None
-    with pytest.raises(ValueError, match="len\\(bounds\\)\\+1"):
-        histogram_quantile([1, 2], BOUNDS, 0.5)
