@@ -1,0 +1,105 @@
+"""Explicit, idempotent creation of scache's topics (the broker never auto-creates).
+
+- events: cache decisions and heartbeats, keyed by unit, time-retained.
+- control: full experiment configs keyed by experiment id, compacted, one partition
+  (a single total order of config changes; every cache instance replays it at start).
+- feedback: verdicts keyed by request id, time-retained.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kafka.errors as Errors
+from kafka.admin import KafkaAdminClient
+
+from cache_core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+# Small segments and a low dirty ratio so the cleaner compacts the control topic
+# within minutes instead of after the default 7-day segment roll.
+CONTROL_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(60_000),
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": str(24 * 3600 * 1000),
+}
+
+
+def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
+    """Topic name -> create options (kafka-python's dict form)."""
+    retained = {"cleanup.policy": "delete", "retention.ms": str(kafka.events_retention_ms)}
+    return {
+        kafka.events_topic: {"num_partitions": kafka.events_partitions,
+                             "replication_factor": kafka.replication_factor, "configs": retained},
+        kafka.control_topic: {"num_partitions": 1, "replication_factor": kafka.replication_factor,
+                              "configs": CONTROL_TOPIC_CONFIGS},
+        kafka.feedback_topic: {"num_partitions": kafka.feedback_partitions,
+                               "replication_factor": kafka.replication_factor, "configs": retained},
+    }
+
+
+def admin_client(kafka: KafkaSettings, timeout_s: float = 10.0) -> KafkaAdminClient:
+    ms = int(timeout_s * 1000)
+    return KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-admin",
+                            request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+
+
+def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
+    """Create missing topics and wait until every partition has a leader. Safe to repeat.
+
+    An existing topic with fewer partitions than configured is grown; one with more
+    is left alone (Kafka cannot shrink a topic) and a warning is logged.
+    """
+    specs = topic_specs(kafka)
+    admin = admin_client(kafka, timeout_s)
+    try:
+        result = admin.create_topics(specs, timeout_ms=int(timeout_s * 1000), raise_errors=False)
+        for topic in result["topics"]:
+            error = Errors.for_code(topic["error_code"])
+            if error is Errors.NoError:
+                log.info("created topic", extra={"topic": topic["name"]})
+            elif error is not Errors.TopicAlreadyExistsError:
+                raise RuntimeError(f"cannot create topic {topic['name']}: {error.__name__} "
+                                   f"{topic.get('error_message') or ''}".rstrip())
+        admin.wait_for_topics(list(specs), timeout_ms=int(timeout_s * 1000))
+        _grow_partitions(admin, specs)
+    finally:
+        admin.close()
+
+
+def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict]) -> None:
+    for topic in admin.describe_topics(list(specs)):
+        have, want = len(topic["partitions"]), specs[topic["name"]]["num_partitions"]
+        if have < want:
+            log.info("adding partitions", extra={"topic": topic["name"], "from": have, "to": want})
+            admin.create_partitions({topic["name"]: want})
+        elif have > want:
+            log.warning("topic has more partitions than configured",
+                        extra={"topic": topic["name"], "have": have, "want": want})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Create scache's Kafka topics (from SCACHE_KAFKA__* settings).")
+    parser.add_argument("--bootstrap", help="override SCACHE_KAFKA__BOOTSTRAP_SERVERS")
+    args = parser.parse_args(argv)
+    from cache_core.logs import configure_logging
+    from cache_core.settings import get_settings
+    configure_logging()
+    kafka = get_settings().kafka
+    if args.bootstrap:
+        kafka = kafka.model_copy(update={"bootstrap_servers": args.bootstrap})
+    try:
+        ensure_topics(kafka)
+    except (RuntimeError, Errors.KafkaError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("topics ready: " + ", ".join(topic_specs(kafka)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
