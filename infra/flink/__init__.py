@@ -1,0 +1,1 @@
+"""Flink connector resolution and cluster submission notes (see README.md)."""

@@ -1,0 +1,73 @@
+"""Resolve the Flink Kafka SQL connector jar from Maven Central, once per pom version.
+
+The jar lands in ``<scache_home()>/jars/flink-<pom sha256[:12]>/``; a marker file there
+says the copy finished, so later calls (and other processes) skip Maven entirely.
+CLI: ``python -m infra.flink.resolve`` prints the jar path.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.runtime import scache_home
+
+log = logging.getLogger(__name__)
+
+POM = Path(__file__).resolve().parent / "pom.xml"
+CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
+_MARKER = ".resolved"
+
+
+def pom_digest(pom: Path = POM) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+
+
+def jar_dir(pom: Path = POM) -> Path:
+    return scache_home() / "jars" / f"flink-{pom_digest(pom)}"
+
+
+def connector_version(pom: Path = POM) -> str:
+    """The connector version pinned in the pom, e.g. ``5.0.0-2.2``."""
+    match = re.search(r"<flink\.kafka\.connector\.version>([^<]+)<", pom.read_text())
+    if match is None:
+        raise ValueError(f"{pom}: no <flink.kafka.connector.version> property")
+    return match.group(1).strip()
+
+
+def connector_jar(pom: Path = POM) -> Path:
+    """Path of the resolved connector jar; runs Maven only if not resolved yet."""
+    out = jar_dir(pom)
+    if not (out / _MARKER).exists():
+        _copy_dependencies(pom, out)
+    jars = sorted(out.glob(f"{CONNECTOR_ARTIFACT}-*.jar"))
+    if not jars:
+        raise FileNotFoundError(f"{out}: no {CONNECTOR_ARTIFACT} jar after resolution")
+    return jars[-1]
+
+
+def _copy_dependencies(pom: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+           f"-DoutputDirectory={out}"]
+    log.info("resolving flink connector", extra={"out": str(out)})
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"mvn failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    (out / _MARKER).write_text(connector_version(pom) + "\n")
+
+
+def main() -> int:
+    try:
+        print(connector_jar())
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
