@@ -1,0 +1,82 @@
+"""Altair charts for the dashboard: a DataFrame and column names in, a chart out.
+
+No Streamlit here, so every chart can be built and inspected (``chart.to_dict()``)
+in a plain unit test.
+"""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+RATE_AXIS = alt.Axis(format="%")
+
+
+def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
+                       time_col: str = "bucket", rate_col: str = "hit_rate",
+                       arm_col: str = "arm", change_time_col: str = "ts") -> alt.TopLevelMixin:
+    """Hit rate per arm over time; each threshold change is a dashed vertical rule."""
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X(f"{time_col}:T", title="window start (UTC)"),
+        y=alt.Y(f"{rate_col}:Q", title="hit rate", axis=RATE_AXIS),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        tooltip=[alt.Tooltip(f"{time_col}:T"), alt.Tooltip(f"{arm_col}:N"),
+                 alt.Tooltip(f"{rate_col}:Q", format=".1%"), alt.Tooltip("requests:Q")],
+    )
+    if changes is None or changes.empty:
+        return lines.properties(height=320)
+    rules = alt.Chart(changes).mark_rule(strokeDash=[4, 4], color="gray").encode(
+        x=alt.X(f"{change_time_col}:T"),
+        tooltip=[alt.Tooltip(f"{change_time_col}:T", title="changed at"),
+                 alt.Tooltip("arm:N"), alt.Tooltip("old_threshold:Q", format=".3f"),
+                 alt.Tooltip("new_threshold:Q", format=".3f"),
+                 alt.Tooltip("new_version:Q", title="version"), alt.Tooltip("actor:N")],
+    )
+    return alt.layer(lines, rules).properties(height=320)
+
+
+def breakdown_bars(df: pd.DataFrame, category_col: str, *, value_col: str = "hit_rate",
+                   arm_col: str = "arm", value_title: str = "hit rate",
+                   percent: bool = True) -> alt.Chart:
+    """Grouped bars: one group per category, one bar per arm."""
+    axis = RATE_AXIS if percent else alt.Axis()
+    tooltip_format = ".1%" if percent else ",.2f"
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X(f"{category_col}:N", title=category_col.replace("_", " "), sort=None),
+        xOffset=alt.XOffset(f"{arm_col}:N"),
+        y=alt.Y(f"{value_col}:Q", title=value_title, axis=axis),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        tooltip=[alt.Tooltip(f"{category_col}:N"), alt.Tooltip(f"{arm_col}:N"),
+                 alt.Tooltip(f"{value_col}:Q", format=tooltip_format),
+                 alt.Tooltip("requests:Q")],
+    ).properties(height=280)
+
+
+def rate_with_interval(df: pd.DataFrame, *, arm_col: str = "arm", rate_col: str = "hit_rate",
+                       low_col: str = "ci_low", high_col: str = "ci_high") -> alt.LayerChart:
+    """Per-arm rate as a point with its confidence interval as an error bar."""
+    base = alt.Chart(df).encode(y=alt.Y(f"{arm_col}:N", title="arm"))
+    points = base.mark_point(filled=True, size=80).encode(
+        x=alt.X(f"{rate_col}:Q", title="hit rate (95% CI)", axis=RATE_AXIS),
+        color=alt.Color(f"{arm_col}:N", legend=None),
+    )
+    bars = base.mark_rule().encode(x=alt.X(f"{low_col}:Q"), x2=alt.X2(f"{high_col}:Q"),
+                                   color=alt.Color(f"{arm_col}:N", legend=None))
+    return alt.layer(bars, points).properties(height=40 + 30 * max(1, len(df)))
+
+
+def whatif_curve(curve: pd.DataFrame, candidate: float | None = None, *,
+                 threshold_col: str = "threshold", rate_col: str = "est_hit_rate",
+                 arm_col: str = "arm") -> alt.TopLevelMixin:
+    """Estimated hit rate per arm as a function of the threshold, the candidate marked."""
+    lines = alt.Chart(curve).mark_line().encode(
+        x=alt.X(f"{threshold_col}:Q", title="threshold", scale=alt.Scale(zero=False)),
+        y=alt.Y(f"{rate_col}:Q", title="estimated hit rate", axis=RATE_AXIS),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        tooltip=[alt.Tooltip(f"{arm_col}:N"), alt.Tooltip(f"{threshold_col}:Q", format=".3f"),
+                 alt.Tooltip(f"{rate_col}:Q", format=".1%")],
+    )
+    if candidate is None:
+        return lines.properties(height=260)
+    rule = alt.Chart(pd.DataFrame({threshold_col: [candidate]})).mark_rule(
+        color="red", strokeDash=[4, 4]).encode(x=f"{threshold_col}:Q")
+    return alt.layer(lines, rule).properties(height=260)

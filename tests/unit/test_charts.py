@@ -1,0 +1,67 @@
+"""dashboard.charts: specs built from DataFrames, no Streamlit."""
+import pandas as pd
+
+from dashboard import charts
+
+SERIES = pd.DataFrame({
+    "arm": ["control", "treatment", "control", "treatment"],
+    "bucket": pd.to_datetime(["2026-12-01T10:00Z", "2026-12-01T10:00Z",
+                              "2026-12-01T10:01Z", "2026-12-01T10:01Z"], utc=True),
+    "requests": [100, 100, 120, 110],
+    "hit_rate": [0.61, 0.72, 0.60, 0.74],
+})
+CHANGES = pd.DataFrame({
+    "ts": pd.to_datetime(["2026-12-01T10:00:30Z"], utc=True), "arm": ["treatment"],
+    "old_threshold": [0.8], "new_threshold": [0.75], "new_version": [2], "actor": ["alice"],
+})
+
+
+def _marks(spec: dict) -> list[str]:
+    layers = spec.get("layer", [spec])
+    return [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in layers]
+
+
+def test_hit_rate_over_time_lines_per_arm():
+    spec = charts.hit_rate_over_time(SERIES).to_dict()
+    assert _marks(spec) == ["line"]
+    assert spec["encoding"]["color"]["field"] == "arm"
+    assert spec["encoding"]["x"]["type"] == "temporal"
+
+
+def test_hit_rate_over_time_marks_threshold_changes():
+    spec = charts.hit_rate_over_time(SERIES, CHANGES).to_dict()
+    assert _marks(spec) == ["line", "rule"]
+    rule = spec["layer"][1]
+    assert rule["encoding"]["x"]["field"] == "ts"
+    datasets = spec["datasets"].values()
+    assert any(row.get("new_threshold") == 0.75 for rows in datasets for row in rows)
+
+
+def test_breakdown_bars_group_by_arm():
+    df = pd.DataFrame({"arm": ["control", "treatment"], "intent_cluster": [3, 3],
+                       "requests": [10, 12], "hit_rate": [0.5, 0.75]})
+    spec = charts.breakdown_bars(df, "intent_cluster").to_dict()
+    assert _marks(spec) == ["bar"]
+    assert spec["encoding"]["x"]["field"] == "intent_cluster"
+    assert spec["encoding"]["xOffset"]["field"] == "arm"
+    assert spec["encoding"]["y"]["axis"]["format"] == "%"
+
+
+def test_breakdown_bars_absolute_values():
+    df = pd.DataFrame({"arm": ["a"], "lifetime_bucket": ["fresh"], "requests": [1], "hits": [4]})
+    spec = charts.breakdown_bars(df, "lifetime_bucket", value_col="hits", percent=False).to_dict()
+    assert "format" not in spec["encoding"]["y"].get("axis", {})
+
+
+def test_rate_with_interval_has_error_bars():
+    df = pd.DataFrame({"arm": ["control"], "hit_rate": [0.6], "ci_low": [0.55], "ci_high": [0.65]})
+    spec = charts.rate_with_interval(df).to_dict()
+    assert _marks(spec) == ["rule", "point"]
+    assert spec["layer"][0]["encoding"]["x2"]["field"] == "ci_high"
+
+
+def test_whatif_curve_marks_candidate():
+    curve = pd.DataFrame({"arm": ["a", "a"], "threshold": [0.8, 0.9], "est_hit_rate": [0.7, 0.5]})
+    spec = charts.whatif_curve(curve, candidate=0.85).to_dict()
+    assert _marks(spec) == ["line", "rule"]
+    assert _marks(charts.whatif_curve(curve).to_dict()) == ["line"]
