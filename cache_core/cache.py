@@ -1,0 +1,566 @@
+"""SemanticCache: embed, search the unit's partition, decide, and describe the decision.
+
+Partitions. ``partitioned`` experiments give every arm its own store
+(namespace, experiment, arm), so arms never serve each other's entries and
+their hit rates are independent; ``shared`` experiments give all arms one store
+(namespace, experiment) and differ only in how they decide. Inside a store,
+entries with a conversation ``scope`` live in an index of their own per scope:
+a scoped lookup searches only its scope (a follow-up such as "what about it?"
+depends on its conversation, so neither another conversation's entries nor
+global ones may answer it); an unscoped lookup searches only unscoped entries.
+
+Decision. Hit iff the best *live* candidate's cosine similarity is >= the arm's
+threshold for the query's intent cluster. Holdout units bypass the cache.
+
+Lifetime. ``absolute``: alive until created_at + ttl. ``sliding``: every hit
+renews the ttl, but never past created_at + max_age_s. Expired entries are
+removed when a search meets them and when LRU eviction reaches them.
+
+Admission tiers (DESIGN.md), by the new query's similarity to its nearest live
+entry in the same store and scope. Our reading:
+  * >= 0.85 ("near_duplicate"): a popular intent. Admit, with its eviction
+    delayed: lifetime ttl + 30 s, and LRU skips it while it is alive.
+  * 0.60-0.85 ("admitted"): admit under ordinary LRU (evicting if full).
+  * < 0.60 ("novel"): a query unlike anything cached is most likely a one-off.
+    It never pushes out a live entry: it is admitted only if there is room,
+    after the eviction it triggers (expired entries at the LRU end are
+    dropped); otherwise it is rejected ("novel_under_pressure"). An empty
+    store admits anything, so a cold cache can fill.
+The same query text in the same store and scope replaces the entry ("updated").
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cache_core.clusters import OnlineClusters
+from cache_core.embedder import Embedder
+from cache_core.events import CacheEvent
+from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, assign
+from cache_core.index import IndexSpec, VectorIndex
+from cache_core.registry import ExperimentRegistry
+
+NEAR_DUPLICATE_SIM = 0.85
+NOVEL_SIM = 0.60
+EVICTION_GRACE_S = 30.0
+SEARCH_K = 5
+# How far from the LRU end eviction looks for an unprotected / expired victim.
+EVICTION_SCAN = 64
+ENTRY_OVERHEAD_BYTES = 256
+SHARED_ARM = "*"
+
+Clock = Callable[[], float]
+EventSink = Callable[[CacheEvent], None]
+
+
+class InvalidRequest(ValueError):
+    """Input the cache refuses (the service answers 4xx with this message)."""
+
+
+@dataclass
+class CacheEntry:
+    """One cached question/answer pair and its lifetime bookkeeping."""
+
+    entry_id: str
+    query: str
+    embedding: np.ndarray
+    answer: str
+    created_at: float
+    ttl_s: float
+    ttl_policy: TtlPolicy
+    max_age_s: float
+    namespace: str
+    intent_cluster: int
+    scope: str | None = None
+    provenance_source: str = ""
+    provenance_version: str = ""
+    last_hit_at: float | None = None
+    hit_count: int = 0
+    grace_s: float = 0.0
+    """Extra lifetime for near-duplicate admissions (eviction delayed)."""
+    protected: bool = False
+    """LRU passes over it while alive (near-duplicate tier)."""
+    approx_bytes: int = 0
+
+    def expires_at(self) -> float:
+        lifetime = self.ttl_s + self.grace_s
+        if self.ttl_policy == "sliding":
+            renewed = (self.last_hit_at or self.created_at) + lifetime
+            return min(renewed, self.created_at + self.max_age_s)
+        return self.created_at + lifetime
+
+    def alive(self, now: float) -> bool:
+        return now < self.expires_at()
+
+
+@dataclass
+class LookupResult:
+    request_id: str
+    decision: str
+    hit: bool
+    answer: str | None
+    similarity: float | None
+    threshold: float | None
+    experiment_id: str
+    arm: str
+    config_version: int
+    intent_cluster: int
+    entry_id: str | None
+    event: CacheEvent
+    provenance: dict[str, str] | None = None
+
+
+@dataclass
+class StoreResult:
+    stored: bool
+    reason: str
+    """admitted | near_duplicate | updated | holdout | novel_under_pressure | too_large"""
+    experiment_id: str
+    arm: str
+    config_version: int
+    entry_id: str | None = None
+    similarity: float | None = None
+    """Similarity to the nearest live entry (the admission tier's input)."""
+    intent_cluster: int = -1
+
+
+def _text_key(query: str) -> str:
+    return " ".join(query.split()).casefold()
+
+
+def entry_bytes(query: str, answer: str, embedding: np.ndarray) -> int:
+    # Embedding counted twice: the entry keeps one, the index (and its exact twin) more.
+    return len(query.encode()) + len(answer.encode()) + 2 * embedding.nbytes + ENTRY_OVERHEAD_BYTES
+
+
+@dataclass
+class Candidate:
+    entry: CacheEntry
+    similarity: float
+
+
+@dataclass
+class SearchOutcome:
+    best: Candidate | None
+    ann_checked: bool = False
+    ann_agree: bool | None = None
+    ann_recall_at_k: float | None = None
+
+
+class Partition:
+    """One store: its entries in LRU order, one vector index per conversation scope,
+    and its capacity. All methods take the partition lock."""
+
+    def __init__(self, key: tuple[str, str, str], dim: int, spec: IndexSpec,
+                 capacity_entries: int, capacity_bytes: int):
+        self.key = key
+        self.dim = dim
+        self.spec = spec
+        self.capacity_entries = capacity_entries
+        self.capacity_bytes = capacity_bytes
+        self.lock = threading.RLock()
+        self.entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self.indexes: dict[str, VectorIndex] = {}
+        self.by_text: dict[tuple[str, str], str] = {}
+        self.bytes = 0
+        self.evictions = 0
+        self.expirations = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- configuration ----------------------------------------------------------------
+
+    def reconfigure(self, spec: IndexSpec, capacity_entries: int, capacity_bytes: int) -> None:
+        """Follow the arm config in force: rebuild indexes if their structure changed."""
+        self.capacity_entries, self.capacity_bytes = capacity_entries, capacity_bytes
+        if spec == self.spec:
+            return
+        self.spec = spec
+        old = list(self.entries.values())
+        self.indexes = {}
+        for entry in old:
+            self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+
+    def _index_for(self, scope: str | None) -> VectorIndex:
+        key = scope or ""
+        if key not in self.indexes:
+            self.indexes[key] = VectorIndex(self.dim, self.spec)
+        return self.indexes[key]
+
+    # -- search -----------------------------------------------------------------------
+
+    def search(self, vec: np.ndarray, scope: str | None, now: float,
+               check_ann: bool, k: int = SEARCH_K) -> SearchOutcome:
+        index = self.indexes.get(scope or "")
+        if index is None or len(index) == 0:
+            return SearchOutcome(best=None)
+        raw = index.search(vec, k)
+        outcome = SearchOutcome(best=None)
+        if check_ann:
+            outcome = self._ann_check(index, vec, k, raw)
+        outcome.best = self._best_alive(index, vec, raw, now, k)
+        return outcome
+
+    @staticmethod
+    def _ann_check(index: VectorIndex, vec: np.ndarray, k: int,
+                   raw: list[tuple[str, float]]) -> SearchOutcome:
+        exact = index.exact_search(vec, k)
+        if not exact:
+            return SearchOutcome(best=None)
+        # Equal scores may come back in either order: a tie counts as agreement.
+        agree = bool(raw) and (raw[0][0] == exact[0][0] or abs(raw[0][1] - exact[0][1]) < 1e-6)
+        recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
+        return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
+
+    def _best_alive(self, index: VectorIndex, vec: np.ndarray, raw: list[tuple[str, float]],
+                    now: float, k: int) -> Candidate | None:
+        for _attempt in range(3):
+            expired = False
+            for entry_id, sim in raw:
+                entry = self.entries.get(entry_id)
+                if entry is None:
+                    continue
+                if entry.alive(now):
+                    return Candidate(entry, sim)
+                self.remove(entry_id)
+                self.expirations += 1
+                expired = True
+            if not expired or len(index) == 0:
+                return None
+            raw = index.search(vec, k)  # the expired ones are gone; look again
+        return None
+
+    def nearest_alive(self, vec: np.ndarray, scope: str | None, now: float) -> Candidate | None:
+        return self.search(vec, scope, now, check_ann=False).best
+
+    # -- hits, inserts, removal ---------------------------------------------------------
+
+    def touch(self, entry: CacheEntry, now: float) -> None:
+        entry.last_hit_at = now
+        entry.hit_count += 1
+        self.entries.move_to_end(entry.entry_id)
+
+    def existing_same_text(self, scope: str | None, query: str) -> CacheEntry | None:
+        entry_id = self.by_text.get((scope or "", _text_key(query)))
+        return self.entries.get(entry_id) if entry_id else None
+
+    def insert(self, entry: CacheEntry) -> None:
+        self.entries[entry.entry_id] = entry
+        self.by_text[(entry.scope or "", _text_key(entry.query))] = entry.entry_id
+        self.bytes += entry.approx_bytes
+        self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+
+    def remove(self, entry_id: str) -> CacheEntry | None:
+        entry = self.entries.pop(entry_id, None)
+        if entry is None:
+            return None
+        self.bytes -= entry.approx_bytes
+        text_key = (entry.scope or "", _text_key(entry.query))
+        if self.by_text.get(text_key) == entry_id:
+            del self.by_text[text_key]
+        scope_key = entry.scope or ""
+        index = self.indexes.get(scope_key)
+        if index is not None:
+            index.remove(entry_id)
+            if len(index) == 0 and scope_key:
+                del self.indexes[scope_key]  # conversations end; do not keep their indexes
+        return entry
+
+    def has_room(self, extra_bytes: int) -> bool:
+        return (len(self.entries) < self.capacity_entries
+                and self.bytes + extra_bytes <= self.capacity_bytes)
+
+    def drop_expired_lru(self, now: float) -> int:
+        """The eviction a novel query triggers: expired entries near the LRU end."""
+        victims = [e.entry_id for e in list(self.entries.values())[:EVICTION_SCAN] if not e.alive(now)]
+        for entry_id in victims:
+            self.remove(entry_id)
+        self.expirations += len(victims)
+        return len(victims)
+
+    def evict_for(self, extra_bytes: int, now: float) -> None:
+        """LRU eviction until ``extra_bytes`` more fit; protected live entries go last."""
+        while self.entries and not self.has_room(extra_bytes):
+            victim = self._lru_victim(now)
+            self.remove(victim)
+            self.evictions += 1
+
+    def _lru_victim(self, now: float) -> str:
+        for scanned, entry in enumerate(self.entries.values()):
+            if scanned >= EVICTION_SCAN:
+                break
+            if not (entry.protected and entry.alive(now)):
+                return entry.entry_id
+        return next(iter(self.entries))
+
+
+@dataclass
+class _Request:
+    """What every decision needs: the experiment snapshot, the unit's arm, the embedding."""
+
+    experiment: ExperimentConfig
+    arm_name: str
+    assignment_prob: float
+    vec: np.ndarray
+    l2_norm: float
+    cluster: int
+    embed_ms: float
+    started: float
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+class SemanticCache:
+    """The online cache: ``lookup`` decides and emits one event; ``store`` admits."""
+
+    def __init__(self, embedder: Embedder, registry: ExperimentRegistry, *,
+                 clock: Clock = time.time, event_sink: EventSink | None = None,
+                 instance_id: str = "",
+                 default_ttl_s: float | None = None, max_query_chars: int = 4000,
+                 max_answer_chars: int = 100_000, emit_query_text: bool = False,
+                 cluster_radius: float = 0.55, seed: int | None = None):
+        self.embedder = embedder
+        self.registry = registry
+        self.clock = clock
+        self.event_sink = event_sink
+        self.instance_id = instance_id
+        self.default_ttl_s = default_ttl_s
+        self.max_query_chars = max_query_chars
+        self.max_answer_chars = max_answer_chars
+        self.emit_query_text = emit_query_text
+        self.clusters = OnlineClusters(embedder.dim, radius=cluster_radius)
+        self._partitions: dict[tuple[str, str, str], Partition] = {}
+        self._partitions_lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+
+    # -- public -----------------------------------------------------------------------
+
+    def lookup(self, query: str, unit_id: str, experiment_id: str | None = None,
+               namespace: str = "default", scope: str | None = None) -> LookupResult:
+        """Decide hit / miss / bypass for ``query``; exactly one event per call.
+
+        Raises InvalidRequest (bad query or ids) and UnknownExperiment.
+        """
+        self._check_query(query, unit_id, namespace, scope)
+        req = self._prepare(query, unit_id, experiment_id)
+        if req.arm_name == "holdout":
+            return self._finish_bypass(req, query, unit_id, namespace)
+        arm = req.experiment.arm(req.arm_name)
+        threshold = arm.threshold_for(req.cluster)
+        partition = self._partition(namespace, req.experiment, arm)
+        check_ann = self._sample(arm.ann_check_rate)
+        search_started = time.perf_counter()
+        with partition.lock:
+            now = self.clock()
+            outcome = partition.search(req.vec, scope, now, check_ann)
+            best = outcome.best
+            hit = best is not None and best.similarity >= threshold
+            if hit:
+                partition.touch(best.entry, now)
+            snapshot = self._entry_snapshot(best, now)
+        search_ms = (time.perf_counter() - search_started) * 1000
+        event = self._event(req, query, unit_id, namespace, decision="hit" if hit else "miss",
+                            threshold=threshold, similarity=best.similarity if best else None,
+                            index_kind=partition.spec.kind, search_ms=search_ms, outcome=outcome,
+                            **snapshot)
+        self._emit(event)
+        entry = best.entry if hit else None
+        return LookupResult(
+            request_id=req.request_id, decision=event.decision, hit=hit,
+            answer=entry.answer if entry else None, similarity=event.similarity,
+            threshold=threshold, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
+            config_version=req.experiment.version, intent_cluster=req.cluster,
+            entry_id=entry.entry_id if entry else None, event=event,
+            provenance={"source": entry.provenance_source, "version": entry.provenance_version}
+            if entry else None,
+        )
+
+    def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
+              namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,
+              provenance_source: str = "", provenance_version: str = "") -> StoreResult:
+        """Offer an answer for the partition of the unit's arm; admission by similarity tier."""
+        self._check_query(query, unit_id, namespace, scope)
+        self._check_answer(answer, ttl_s)
+        req = self._prepare(query, unit_id, experiment_id, update_clusters=False)
+        result = StoreResult(stored=False, reason="holdout", experiment_id=req.experiment.experiment_id,
+                             arm=req.arm_name, config_version=req.experiment.version,
+                             intent_cluster=req.cluster)
+        if req.arm_name == "holdout":
+            return result
+        arm = req.experiment.arm(req.arm_name)
+        partition = self._partition(namespace, req.experiment, arm)
+        with partition.lock:
+            now = self.clock()
+            entry = self._new_entry(req, arm, query, answer, namespace, scope, ttl_s, now,
+                                    provenance_source, provenance_version)
+            return self._admit(partition, entry, result, now)
+
+    def partition_for(self, namespace: str, experiment_id: str, arm: str) -> Partition | None:
+        """The store a (namespace, experiment, arm) reads from, if it exists yet."""
+        experiment = self.registry.get(experiment_id)
+        arm_key = SHARED_ARM if experiment.partition_mode == "shared" else arm
+        return self._partitions.get((namespace, experiment_id, arm_key))
+
+    def partitions(self) -> list[Partition]:
+        with self._partitions_lock:
+            return list(self._partitions.values())
+
+    # -- preparation ------------------------------------------------------------------
+
+    def _check_query(self, query: str, unit_id: str, namespace: str, scope: str | None) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidRequest("query must be a non-empty string")
+        if len(query) > self.max_query_chars:
+            raise InvalidRequest(f"query has {len(query)} characters; the limit is {self.max_query_chars}")
+        if not isinstance(unit_id, str) or not unit_id:
+            raise InvalidRequest("unit_id must be a non-empty string")
+        if not namespace:
+            raise InvalidRequest("namespace must be a non-empty string")
+        if scope is not None and not scope:
+            raise InvalidRequest("scope, when given, must be a non-empty string")
+
+    def _check_answer(self, answer: str, ttl_s: float | None) -> None:
+        if not isinstance(answer, str) or not answer.strip():
+            raise InvalidRequest("answer must be a non-empty string")
+        if len(answer) > self.max_answer_chars:
+            raise InvalidRequest(f"answer has {len(answer)} characters; the limit is {self.max_answer_chars}")
+        if ttl_s is not None and not ttl_s > 0:
+            raise InvalidRequest(f"ttl_s must be positive, got {ttl_s}")
+
+    def _prepare(self, query: str, unit_id: str, experiment_id: str | None,
+                 update_clusters: bool = True) -> _Request:
+        started = time.perf_counter()
+        experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
+        assignment = assign(experiment, unit_id)
+        vecs, norms = self.embedder.encode_with_norms([query])
+        embed_ms = (time.perf_counter() - started) * 1000
+        vec = vecs[0]
+        return _Request(experiment=experiment, arm_name=assignment.arm,
+                        assignment_prob=assignment.probability, vec=vec, l2_norm=float(norms[0]),
+                        cluster=self.clusters.assign(vec, update=update_clusters),
+                        embed_ms=embed_ms, started=started)
+
+    def _partition(self, namespace: str, experiment: ExperimentConfig, arm: ArmConfig) -> Partition:
+        shared = experiment.partition_mode == "shared"
+        key = (namespace, experiment.experiment_id, SHARED_ARM if shared else arm.name)
+        # A shared store follows its experiment's first arm for structure and the
+        # largest capacity of its arms, since every arm fills it.
+        layout = experiment.arms[0] if shared else arm
+        arms = experiment.arms if shared else [arm]
+        spec = IndexSpec.for_arm(layout)
+        cap_entries = max(a.capacity_entries for a in arms)
+        cap_bytes = max(a.capacity_bytes for a in arms)
+        with self._partitions_lock:
+            partition = self._partitions.get(key)
+            if partition is None:
+                partition = Partition(key, self.embedder.dim, spec, cap_entries, cap_bytes)
+                self._partitions[key] = partition
+        with partition.lock:
+            partition.reconfigure(spec, cap_entries, cap_bytes)
+        return partition
+
+    def _sample(self, rate: float) -> bool:
+        with self._rng_lock:
+            return self._rng.random() < rate
+
+    # -- admission --------------------------------------------------------------------
+
+    def _new_entry(self, req: _Request, arm: ArmConfig, query: str, answer: str, namespace: str,
+                   scope: str | None, ttl_s: float | None, now: float,
+                   provenance_source: str, provenance_version: str) -> CacheEntry:
+        if ttl_s is None:
+            explicit = "ttl_s" in arm.model_fields_set
+            ttl_s = arm.ttl_s if explicit or self.default_ttl_s is None else self.default_ttl_s
+        vec = req.vec.copy()
+        return CacheEntry(
+            entry_id=uuid.uuid4().hex, query=query, embedding=vec, answer=answer, created_at=now,
+            ttl_s=float(ttl_s), ttl_policy=arm.ttl_policy, max_age_s=arm.max_age_s,
+            namespace=namespace, intent_cluster=req.cluster, scope=scope,
+            provenance_source=provenance_source, provenance_version=provenance_version,
+            approx_bytes=entry_bytes(query, answer, vec),
+        )
+
+    def _admit(self, partition: Partition, entry: CacheEntry, result: StoreResult,
+               now: float) -> StoreResult:
+        if entry.approx_bytes > partition.capacity_bytes:
+            result.reason = "too_large"
+            return result
+        same = partition.existing_same_text(entry.scope, entry.query)
+        if same is not None:
+            partition.remove(same.entry_id)
+            return self._insert(partition, entry, result, "updated", 1.0, now)
+        nearest = partition.nearest_alive(entry.embedding, entry.scope, now)
+        similarity = nearest.similarity if nearest else None
+        result.similarity = similarity
+        if similarity is not None and similarity >= NEAR_DUPLICATE_SIM:
+            entry.grace_s, entry.protected = EVICTION_GRACE_S, True
+            return self._insert(partition, entry, result, "near_duplicate", similarity, now)
+        if similarity is not None and similarity < NOVEL_SIM:
+            if not partition.has_room(entry.approx_bytes):
+                partition.drop_expired_lru(now)
+            if not partition.has_room(entry.approx_bytes):
+                result.reason = "novel_under_pressure"
+                return result
+        return self._insert(partition, entry, result, "admitted", similarity, now)
+
+    @staticmethod
+    def _insert(partition: Partition, entry: CacheEntry, result: StoreResult, reason: str,
+                similarity: float | None, now: float) -> StoreResult:
+        partition.evict_for(entry.approx_bytes, now)
+        partition.insert(entry)
+        result.stored, result.reason, result.entry_id = True, reason, entry.entry_id
+        result.similarity = similarity
+        return result
+
+    # -- events -----------------------------------------------------------------------
+
+    @staticmethod
+    def _entry_snapshot(best: Candidate | None, now: float) -> dict:
+        if best is None:
+            return {"entry_id": None, "entry_age_s": None, "entry_ttl_s": None}
+        entry = best.entry
+        return {"entry_id": entry.entry_id, "entry_age_s": max(0.0, now - entry.created_at),
+                "entry_ttl_s": entry.expires_at() - entry.created_at}
+
+    def _finish_bypass(self, req: _Request, query: str, unit_id: str, namespace: str) -> LookupResult:
+        event = self._event(req, query, unit_id, namespace, decision="bypass", threshold=None,
+                            similarity=None, index_kind="none", search_ms=0.0,
+                            outcome=SearchOutcome(best=None), entry_id=None, entry_age_s=None,
+                            entry_ttl_s=None)
+        self._emit(event)
+        return LookupResult(
+            request_id=req.request_id, decision="bypass", hit=False, answer=None, similarity=None,
+            threshold=None, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
+            config_version=req.experiment.version, intent_cluster=req.cluster, entry_id=None,
+            event=event,
+        )
+
+    def _event(self, req: _Request, query: str, unit_id: str, namespace: str, *, decision: str,
+               threshold: float | None, similarity: float | None, index_kind: str,
+               search_ms: float, outcome: SearchOutcome, entry_id: str | None,
+               entry_age_s: float | None, entry_ttl_s: float | None) -> CacheEvent:
+        return CacheEvent(
+            request_id=req.request_id, ts_ms=int(self.clock() * 1000), instance_id=self.instance_id,
+            namespace=namespace, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
+            unit_id=unit_id, assignment_prob=req.assignment_prob,
+            partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
+            decision=decision, hit=decision == "hit", threshold=threshold, similarity=similarity,
+            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, entry_id=entry_id,
+            entry_age_s=entry_age_s, entry_ttl_s=entry_ttl_s, index_kind=index_kind,
+            ann_checked=outcome.ann_checked, ann_agree=outcome.ann_agree,
+            ann_recall_at_k=outcome.ann_recall_at_k, embed_ms=req.embed_ms, search_ms=search_ms,
+            latency_ms=(time.perf_counter() - req.started) * 1000, query_chars=len(query),
+            query_text=query if self.emit_query_text else None,
+        )
+
+    def _emit(self, event: CacheEvent) -> None:
+        if self.event_sink is not None:
+            self.event_sink(event)

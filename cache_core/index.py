@@ -1,0 +1,172 @@
+"""FAISS vector indexes behind one small class, with an exact twin for ANN checks.
+
+Vectors are L2-normalised, so inner product is cosine similarity. Every index
+keeps an exact ``IndexIDMap2(IndexFlatIP)`` over the same live vectors: it is
+the search structure for ``flat``, the pre-training fallback for ``ivf``, the
+source for rebuilds, and the reference for ``exact_search`` (ANN precision).
+
+Deletion: ``flat`` and ``ivf`` support ``remove_ids``; HNSW does not, so removed
+ids become tombstones filtered at search time, and the graph is rebuilt from
+the exact twin once tombstones exceed ``rebuild_fraction`` of its size.
+Not thread-safe: the owning cache partition holds a lock around every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+from cache_core.experiments import ArmConfig, IndexKind
+
+# FAISS warns below ~39 training points per list; train only with that many.
+IVF_POINTS_PER_LIST = 39
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """What determines an index's structure; a change means a rebuild."""
+
+    kind: IndexKind = "flat"
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 64
+    ivf_nlist: int = 64
+    ivf_nprobe: int = 8
+
+    @classmethod
+    def for_arm(cls, arm: ArmConfig) -> "IndexSpec":
+        return cls(kind=arm.index_kind, hnsw_m=arm.hnsw_m, hnsw_ef_search=arm.hnsw_ef_search,
+                   ivf_nlist=arm.ivf_nlist, ivf_nprobe=arm.ivf_nprobe)
+
+
+def _as_matrix(vec: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(vec, dtype=np.float32).reshape(-1, vec.shape[-1]))
+
+
+class VectorIndex:
+    """Maps string entry ids to vectors; ``search`` (ANN) and ``exact_search`` (brute force)."""
+
+    def __init__(self, dim: int, spec: IndexSpec = IndexSpec(), rebuild_fraction: float = 0.2):
+        self.dim = dim
+        self.spec = spec
+        self.rebuild_fraction = rebuild_fraction
+        self._exact = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self._ann: faiss.Index | None = None  # None: the exact twin answers
+        self._tombstones: set[int] = set()
+        self._next_id = 0
+        self._id_of: dict[str, int] = {}
+        self._entry_of: dict[int, str] = {}
+        self.rebuilds = 0
+        if spec.kind == "hnsw":
+            self._ann = self._new_hnsw()
+
+    # -- public -----------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def trained(self) -> bool:
+        """For ivf: whether the IVF structure is in use (else flat fallback)."""
+        return self._ann is not None
+
+    def __len__(self) -> int:
+        return len(self._id_of)
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._id_of
+
+    def add(self, entry_id: str, vec: np.ndarray) -> None:
+        """Add (or replace) one vector."""
+        if entry_id in self._id_of:
+            self.remove(entry_id)
+        internal = self._next_id
+        self._next_id += 1
+        self._id_of[entry_id] = internal
+        self._entry_of[internal] = entry_id
+        mat, ids = _as_matrix(vec), np.array([internal], dtype=np.int64)
+        self._exact.add_with_ids(mat, ids)
+        if self._ann is not None:
+            self._ann.add_with_ids(mat, ids)
+        elif self.spec.kind == "ivf" and len(self) >= self._ivf_train_size():
+            self._train_ivf()
+
+    def remove(self, entry_id: str) -> bool:
+        """Remove one vector; False if it was not there."""
+        internal = self._id_of.pop(entry_id, None)
+        if internal is None:
+            return False
+        del self._entry_of[internal]
+        ids = np.array([internal], dtype=np.int64)
+        self._exact.remove_ids(ids)
+        if self.spec.kind == "hnsw":
+            self._tombstones.add(internal)
+            if len(self._tombstones) > self.rebuild_fraction * max(len(self), 1):
+                self._rebuild_hnsw()
+        elif self._ann is not None:
+            self._ann.remove_ids(ids)
+        return True
+
+    def search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Top-k (entry_id, cosine) from the ANN structure (exact for flat/untrained ivf)."""
+        if self._ann is None:
+            return self.exact_search(vec, k)
+        # Ask for extra candidates so tombstoned ids do not shrink the answer.
+        return self._run(self._ann, vec, k, extra=len(self._tombstones))
+
+    def exact_search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Brute-force top-k over the same live vectors: the ground truth for ANN checks."""
+        return self._run(self._exact, vec, k, extra=0)
+
+    def vector(self, entry_id: str) -> np.ndarray:
+        return self._exact.reconstruct(self._id_of[entry_id])
+
+    # -- internals --------------------------------------------------------------------
+
+    def _run(self, index: faiss.Index, vec: np.ndarray, k: int, extra: int) -> list[tuple[str, float]]:
+        if len(self) == 0 or k <= 0:
+            return []
+        want = min(k + extra, index.ntotal)
+        scores, ids = index.search(_as_matrix(vec), want)
+        out = []
+        for score, internal in zip(scores[0], ids[0]):
+            entry_id = self._entry_of.get(int(internal))
+            if internal >= 0 and entry_id is not None:
+                out.append((entry_id, float(score)))
+                if len(out) == k:
+                    break
+        return out
+
+    def _new_hnsw(self) -> faiss.Index:
+        hnsw = faiss.IndexHNSWFlat(self.dim, self.spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efSearch = self.spec.hnsw_ef_search
+        return faiss.IndexIDMap(hnsw)
+
+    def _live(self) -> tuple[np.ndarray, np.ndarray]:
+        ids = faiss.vector_to_array(self._exact.id_map).astype(np.int64)
+        vecs = self._exact.index.reconstruct_n(0, self._exact.ntotal) if len(ids) else \
+            np.zeros((0, self.dim), dtype=np.float32)
+        return vecs, ids
+
+    def _rebuild_hnsw(self) -> None:
+        self._ann = self._new_hnsw()
+        vecs, ids = self._live()
+        if len(ids):
+            self._ann.add_with_ids(vecs, ids)
+        self._tombstones.clear()
+        self.rebuilds += 1
+
+    def _ivf_train_size(self) -> int:
+        return IVF_POINTS_PER_LIST * self.spec.ivf_nlist
+
+    def _train_ivf(self) -> None:
+        vecs, ids = self._live()
+        quantizer = faiss.IndexFlatIP(self.dim)
+        ivf = faiss.IndexIVFFlat(quantizer, self.dim, self.spec.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.train(vecs)
+        ivf.nprobe = self.spec.ivf_nprobe
+        ivf.add_with_ids(vecs, ids)
+        self._ivf_quantizer = quantizer  # keep the Python object alive with the index
+        self._ann = ivf
+        self.rebuilds += 1
