@@ -1,0 +1,105 @@
+"""dashboard.control: the pure parts (validation, next config, audit rows, what-if)."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from cache_core.events import ControlMessage
+from cache_core.experiments import ArmConfig, ExperimentConfig
+from dashboard import control
+
+CONFIG = ExperimentConfig(
+    experiment_id="threshold-ab", salt="s", version=4,
+    arms=[ArmConfig(name="control", threshold=0.9, weight=1),
+          ArmConfig(name="treatment", threshold=0.8, weight=1, cluster_thresholds={3: 0.7})],
+)
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01, math.nan, math.inf, "0.8", None, True])
+def test_validate_threshold_rejects(bad):
+    with pytest.raises(ValueError, match="threshold must be"):
+        control.validate_threshold(bad)
+
+
+@pytest.mark.parametrize("good", [0, 0.0, 0.5, 1])
+def test_validate_threshold_accepts_bounds(good):
+    assert control.validate_threshold(good) == float(good)
+
+
+def test_with_threshold_bumps_version_and_changes_only_that_arm():
+    new = control.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=123)
+    assert new.version == 5
+    assert new.arm("treatment").threshold == 0.75
+    assert new.arm("treatment").cluster_thresholds == {3: 0.7}
+    assert new.arm("control").threshold == 0.9
+    assert (new.updated_by, new.updated_at_ms) == ("alice", 123)
+    assert CONFIG.version == 4 and CONFIG.arm("treatment").threshold == 0.8  # input untouched
+
+
+def test_with_threshold_zero_is_a_value():
+    assert control.with_threshold(CONFIG, "control", 0.0, "a", 1).arm("control").threshold == 0.0
+
+
+def test_with_threshold_unknown_arm_names_the_arms():
+    with pytest.raises(ValueError, match=r"no arm 'nope'.*'control', 'treatment'"):
+        control.with_threshold(CONFIG, "nope", 0.5, "a", 1)
+
+
+def test_actor_required():
+    with pytest.raises(ValueError, match="actor is required"):
+        control._validate_actor("  ", "why")
+
+
+def test_audit_rows_match_table_columns():
+    new = control.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=1_700_000_000_000)
+    msg = ControlMessage(experiment=new, actor="alice", reason="more hits", ts_ms=1_700_000_000_000)
+    change, definition = control.audit_rows(msg, "treatment", 0.8, 4)
+    row = dict(zip(control.THRESHOLD_CHANGE_COLUMNS, change))
+    assert (row["old_threshold"], row["new_threshold"]) == (0.8, 0.75)
+    assert (row["old_version"], row["new_version"]) == (4, 5)
+    assert row["ts"].timestamp() == 1_700_000_000
+    assert json.loads(row["config_json"])["version"] == 5
+    assert dict(zip(control.EXPERIMENT_COLUMNS, definition))["version"] == 5
+
+
+HIST = pd.DataFrame({
+    # control: 4 decisions at sims 0.95 (hit), 0.85 (miss), 0.70 (miss), empty index (miss)
+    # treatment: 0.85 hit, 0.81 hit but a guard blocked one of two at 0.81
+    "arm": ["control", "control", "control", "control", "treatment", "treatment"],
+    "similarity_milli": pd.array([950, 850, 700, None, 850, 810], dtype="Int64"),
+    "decisions": [1, 1, 1, 1, 2, 2],
+    "hits": [1, 0, 0, 0, 2, 1],
+    "guard_blocks": [0, 0, 0, 0, 0, 1],
+})
+
+
+def test_whatif_at_current_threshold_reproduces_observed():
+    got = control.whatif_hit_rate(HIST, 0.90).set_index("arm")
+    assert got.loc["control", "est_hit_rate"] == got.loc["control", "observed_hit_rate"] == 0.25
+
+
+def test_whatif_lower_threshold_more_hits_guards_still_block():
+    got = control.whatif_hit_rate(HIST, 0.70).set_index("arm")
+    assert got.loc["control", "est_hits"] == 3  # the empty-index lookup stays a miss
+    assert got.loc["treatment", "est_hits"] == 3  # one of four was guard-blocked
+    assert got.loc["treatment", "est_hit_rate"] == 0.75
+
+
+def test_whatif_threshold_exactly_on_a_bin_edge_counts_it():
+    got = control.whatif_hit_rate(HIST, 0.85).set_index("arm")
+    assert got.loc["control", "est_hits"] == 2
+
+
+def test_whatif_empty_and_invalid():
+    assert control.whatif_hit_rate(HIST.iloc[0:0], 0.8).empty
+    with pytest.raises(ValueError):
+        control.whatif_hit_rate(HIST, 1.5)
+
+
+def test_whatif_curve_is_monotone():
+    curve = control.whatif_curve(HIST)
+    for _, arm_curve in curve.groupby("arm"):
+        rates = arm_curve.sort_values("threshold")["est_hit_rate"].tolist()
+        assert rates == sorted(rates, reverse=True)
+    assert set(curve["arm"]) == {"control", "treatment"}
