@@ -59,6 +59,17 @@ class Batch:
     end_offset: int
     corrupt: int = 0
     """Unreadable lines skipped inside this batch's range (lost, to be counted)."""
+    start_offset: int = 0
+    record_ends: tuple[int, ...] = ()
+    """Byte offset just after each record, to acknowledge a delivered prefix."""
+
+    def prefix(self, n: int) -> Batch:
+        """The first ``n`` records (for acknowledging a partly delivered batch)."""
+        if n >= len(self.records):
+            return self
+        end = self.record_ends[n - 1] if n > 0 else self.start_offset
+        return Batch(records=self.records[:n], segment=self.segment, end_offset=end,
+                     start_offset=self.start_offset, record_ends=self.record_ends[:n])
 
 
 class SpoolLocked(RuntimeError):
@@ -155,7 +166,7 @@ class Spool:
         return None
 
     def _read_from(self, head: Path, offset: int, max_records: int) -> Batch:
-        records, corrupt, end = [], 0, offset
+        records, ends, corrupt, end = [], [], 0, offset
         with open(head, "rb") as f:
             f.seek(offset)
             while len(records) < max_records:
@@ -165,10 +176,12 @@ class Spool:
                 end += len(line)
                 try:
                     records.append(Record.from_line(line))
+                    ends.append(end)
                 except (ValueError, KeyError, TypeError):
                     corrupt += 1
                     log.error("skipping unreadable spool line", extra={"segment": head.name})
-        return Batch(records=records, segment=head.name, end_offset=end, corrupt=corrupt)
+        return Batch(records=records, segment=head.name, end_offset=end, corrupt=corrupt,
+                     start_offset=offset, record_ends=tuple(ends))
 
     def ack(self, batch: Batch) -> None:
         """Mark a batch as delivered; delete its segment once fully delivered."""

@@ -106,3 +106,13 @@ def test_second_process_cannot_share_a_spool(tmp_path):
 def test_rejects_nonpositive_bound(tmp_path):
     with pytest.raises(ValueError, match="got 0"):
         Spool(tmp_path, max_bytes=0)
+
+
+def test_acking_a_prefix_redelivers_only_the_rest(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.append(records(6))
+    batch = spool.read_batch(10)
+    spool.ack(batch.prefix(2))
+    assert [json.loads(r.value)["i"] for r in drain(spool)] == [2, 3, 4, 5]
+    spool.append(records(2, start=6))
+    assert spool.read_batch(10).prefix(0).records == []

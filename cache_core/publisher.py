@@ -1,0 +1,339 @@
+"""Non-blocking publication of cache events and feedback to Kafka, with an on-disk spool.
+
+Request threads only serialise a message and put it on a bounded in-memory queue
+(``publish_*`` never waits for Kafka). One background thread drains the queue:
+
+- broker healthy and spool empty: send the batch (acks=all, idempotent producer) and
+  wait for the acks; whatever was not acknowledged goes to the spool, in order;
+- otherwise: append the batch to the spool (``cache_core.spool``), so older messages
+  always leave before newer ones, and retry the spool with backoff once the broker
+  is reachable again.
+
+Nothing is lost unless the spool is full (or the in-memory queue overflows); such
+losses are counted in ``stats()["dropped"]`` and logged. Delivery is at least once:
+a message whose ack was lost in a broker failure is sent again from the spool.
+Heartbeats are never spooled (a stale heartbeat would not advance any watermark).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from cache_core.events import CacheEvent, FeedbackEvent
+from cache_core.settings import KafkaSettings
+from cache_core.spool import Record, Spool
+from infra.runtime import port_open
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_HEARTBEAT = object()
+"""Queue marker: expanded into one heartbeat per events partition at send time."""
+
+
+class EventPublisher:
+    """Publishes CacheEvent / FeedbackEvent off the request path; see the module doc."""
+
+    def __init__(self, kafka: KafkaSettings, spool_dir: Path, instance_id: str,
+                 max_spool_bytes: int = 256 * MIB, queue_size: int = 20_000,
+                 send_timeout_s: float = 10.0, max_batch: int = 500,
+                 max_backoff_s: float = 5.0):
+        self.kafka = kafka
+        self.instance_id = instance_id
+        self.send_timeout_s = send_timeout_s
+        self.max_batch = max_batch
+        self.max_backoff_s = max_backoff_s
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._spool = Spool(Path(spool_dir), max_spool_bytes)
+        self._producer: KafkaProducer | None = None
+        self._healthy = True
+        self._retry_at = 0.0
+        self._backoff_s = 0.5
+        self._counts = dict.fromkeys(
+            ("published", "spooled", "replayed", "dropped", "heartbeats", "send_failures"), 0)
+        self._counts_lock = threading.Lock()
+        self._progress = threading.Condition()
+        self._stopping = threading.Event()
+        self._closed = False
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        if not self._spool.empty():
+            log.info("replaying spool left by an earlier run",
+                     extra={"spool_bytes": self._spool.pending_bytes, "dir": str(spool_dir)})
+        self._thread = threading.Thread(target=self._run, name="scache-publisher", daemon=True)
+        self._thread.start()
+
+    # -- public API (called from request threads) -------------------------------------
+
+    def publish_event(self, event: CacheEvent) -> None:
+        """Queue a cache event for the events topic; never blocks."""
+        self._offer(Record(self.kafka.events_topic, event.kafka_key(), event.model_dump_json().encode()))
+
+    def publish_feedback(self, feedback: FeedbackEvent) -> None:
+        """Queue a verdict for the feedback topic; never blocks."""
+        self._offer(Record(self.kafka.feedback_topic, feedback.kafka_key(),
+                           feedback.model_dump_json().encode()))
+
+    def start_heartbeats(self, interval_s: float) -> None:
+        """Every ``interval_s``, send a heartbeat to every events partition (idempotent)."""
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be positive, got {interval_s}")
+        if self._heartbeat_thread is not None:
+            return
+        def beat() -> None:
+            while not self._heartbeat_stop.wait(interval_s):
+                self._offer(_HEARTBEAT)
+        self._heartbeat_thread = threading.Thread(target=beat, name="scache-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def stats(self) -> dict:
+        """Counters since start; ``spool_bytes`` is what still waits on disk."""
+        with self._counts_lock:
+            out = dict(self._counts)
+        out.update(queue_depth=self._queue.qsize(), spool_bytes=self._spool.pending_bytes,
+                   broker_healthy=self._healthy)
+        return out
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything offered so far is delivered (or dropped); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        self._retry_at = 0.0  # retry the broker now rather than after the backoff
+        with self._progress:
+            while not self._settled():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._thread.is_alive():
+                    return self._settled()
+                self._progress.wait(min(remaining, 0.2))
+        return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush, then stop; what could not be delivered stays in the spool for the next run."""
+        if self._closed:
+            return
+        self._heartbeat_stop.set()
+        self.flush(timeout_s)
+        self._closed = True
+        self._stopping.set()
+        self._thread.join(timeout=timeout_s + 5)
+        self._drop_producer(graceful=True)
+        self._spool.close()
+
+    # -- queueing ---------------------------------------------------------------------
+
+    def _offer(self, item: object) -> None:
+        if self._closed:
+            self._count("dropped")
+            log.warning("publisher closed, message dropped")
+            return
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            if item is not _HEARTBEAT:
+                self._count("dropped")
+                log.error("publish queue full, message dropped",
+                          extra={"queue_size": self._queue.maxsize})
+
+    def _settled(self) -> bool:
+        return self._queue.unfinished_tasks == 0 and self._spool.empty()
+
+    def _count(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._counts_lock:
+                self._counts[name] += n
+
+    # -- the drain thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            batch = self._take_batch()
+            try:
+                if batch:
+                    self._handle(batch)
+                if not self._spool.empty() and time.monotonic() >= self._retry_at:
+                    self._replay()
+            except Exception:  # never let the drain thread die: that would lose messages
+                log.exception("publisher drain loop error")
+                self._mark_unhealthy()
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            with self._progress:
+                self._progress.notify_all()
+        self._spool_leftovers()
+
+    def _take_batch(self) -> list:
+        batch = []
+        try:
+            batch.append(self._queue.get(timeout=0.1))
+        except queue.Empty:
+            return batch
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _handle(self, batch: list) -> None:
+        if not self._healthy or not self._spool.empty():
+            self._to_spool([item for item in batch if item is not _HEARTBEAT])
+            return
+        records = self._expand_heartbeats(batch)
+        failed = [records[i] for i in self._send(records)]
+        self._count("published", len(records) - len(failed) - self._heartbeats_in(records, failed))
+        self._to_spool([r for r in failed if r.partition is None])
+
+    def _expand_heartbeats(self, batch: list) -> list[Record]:
+        records: list[Record] = []
+        for item in batch:
+            if item is not _HEARTBEAT:
+                records.append(item)
+                continue
+            for partition in self._events_partitions():
+                beat = CacheEvent(event_type="heartbeat", instance_id=self.instance_id)
+                records.append(Record(self.kafka.events_topic, beat.kafka_key(),
+                                      beat.model_dump_json().encode(), partition=partition))
+        return records
+
+    def _events_partitions(self) -> list[int]:
+        try:
+            producer = self._ensure_producer()
+            return sorted(producer.partitions_for(self.kafka.events_topic) or ())
+        except (KafkaError, OSError) as exc:
+            log.warning("no partitions for heartbeats", extra={"error": str(exc)})
+            return []
+
+    def _heartbeats_in(self, records: list[Record], failed: list[Record]) -> int:
+        # Heartbeats are the only records with an explicit partition.
+        sent = sum(1 for r in records if r.partition is not None)
+        lost = sum(1 for r in failed if r.partition is not None)
+        self._count("heartbeats", sent - lost)
+        return sent - lost
+
+    def _to_spool(self, records: list[Record]) -> None:
+        if not records:
+            return
+        written = self._spool.append(records)
+        self._count("spooled", written)
+        if written < len(records):
+            self._count("dropped", len(records) - written)
+            log.error("spool full, messages dropped", extra={
+                "dropped": len(records) - written, "spool_bytes": self._spool.disk_bytes(),
+                "max_spool_bytes": self._spool.max_bytes})
+
+    def _replay(self) -> None:
+        """Send spooled records oldest first; stop at the first failure or after ~1s."""
+        if not self._broker_reachable():
+            self._mark_unhealthy()
+            return
+        budget_end = time.monotonic() + 1.0
+        while time.monotonic() < budget_end:
+            batch = self._spool.read_batch(self.max_batch)
+            if batch is None:
+                break
+            failed = self._send(batch.records)
+            delivered = failed[0] if failed else len(batch.records)
+            if failed:
+                # Acknowledge only the delivered prefix, so order is kept on the next try.
+                self._spool.ack(batch.prefix(delivered))
+                self._count("replayed", delivered)
+                self._count("published", delivered)
+                return
+            self._spool.ack(batch)
+            self._count("replayed", delivered)
+            self._count("published", delivered)
+            self._count("dropped", batch.corrupt)
+        if self._spool.empty():
+            log.info("spool drained, broker healthy again", extra=self.stats())
+            self._healthy = True
+            self._backoff_s = 0.5
+
+    def _spool_leftovers(self) -> None:
+        """On close: keep whatever is still queued for the next run."""
+        leftovers = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._queue.task_done()
+            if item is not _HEARTBEAT:
+                leftovers.append(item)
+        self._to_spool(leftovers)
+
+    # -- Kafka ------------------------------------------------------------------------
+
+    def _send(self, records: list[Record]) -> list[int]:
+        """Send and wait for the acks; returns the indices of records not acknowledged."""
+        if not records:
+            return []
+        try:
+            producer = self._ensure_producer()
+        except (KafkaError, OSError, ValueError) as exc:
+            self._mark_unhealthy(exc)
+            return list(range(len(records)))
+        futures = []
+        try:
+            for r in records:
+                futures.append(producer.send(r.topic, value=r.value, key=r.key, partition=r.partition))
+            producer.flush(timeout=self.send_timeout_s)
+        except (KafkaError, OSError, ValueError) as exc:
+            log.warning("kafka send failed", extra={"error": str(exc)})
+        failed = [i for i, f in enumerate(futures) if not f.succeeded()]
+        failed += range(len(futures), len(records))
+        if failed:
+            self._count("send_failures", len(failed))
+            self._mark_unhealthy(_first_error(futures))
+            # A fresh producer after a failure: the old one could still deliver
+            # its abandoned batches later, duplicating what we now spool.
+            self._drop_producer(graceful=False)
+        return failed
+
+    def _ensure_producer(self) -> KafkaProducer:
+        if self._producer is None:
+            timeout_ms = int(self.send_timeout_s * 1000)
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.kafka.bootstrap_servers,
+                client_id=f"{self.kafka.client_id}-{self.instance_id}",
+                acks="all", enable_idempotence=True, linger_ms=5,
+                request_timeout_ms=max(1000, timeout_ms // 2), delivery_timeout_ms=timeout_ms,
+                max_block_ms=max(1000, timeout_ms // 2), bootstrap_timeout_ms=max(1000, timeout_ms // 2),
+                reconnect_backoff_max_ms=2000, allow_auto_create_topics=False,
+            )
+        return self._producer
+
+    def _drop_producer(self, graceful: bool) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            producer.close(timeout=2.0 if graceful else 0)
+        except Exception as exc:  # closing a broken producer may fail in many ways
+            log.debug("producer close failed", extra={"error": str(exc)})
+
+    def _broker_reachable(self) -> bool:
+        for server in self.kafka.bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if port.isdigit() and port_open(host or "127.0.0.1", int(port), timeout=1.0):
+                return True
+        return False
+
+    def _mark_unhealthy(self, error: object = None) -> None:
+        if self._healthy:
+            log.warning("kafka unavailable, spooling to disk", extra={"error": str(error or "")})
+        self._healthy = False
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
+
+
+def _first_error(futures: list) -> object:
+    for f in futures:
+        if f.is_done and f.failed():
+            return f.exception
+    return "not acknowledged in time"
