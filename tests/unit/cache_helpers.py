@@ -72,3 +72,24 @@ def unit_in_arm(exp: ExperimentConfig, arm: str, prefix: str = "u") -> str:
         if assign(exp, f"{prefix}{i}").arm == arm:
             return f"{prefix}{i}"
     raise AssertionError(f"no unit lands in {arm}")
+
+
+class RecordingPublisher:
+    """In-process stand-in with EventPublisher's interface, for unit tests of the app."""
+
+    def __init__(self):
+        self.events: list[CacheEvent] = []
+        self.feedback = []
+
+    def publish_event(self, event: CacheEvent) -> None:
+        self.events.append(event)
+
+    def publish_feedback(self, feedback) -> None:
+        self.feedback.append(feedback)
+
+    def stats(self) -> dict:
+        return {"queue_depth": 0, "published": len(self.events) + len(self.feedback),
+                "spooled": 0, "replayed": 0, "dropped": 0}
+
+    def close(self) -> None:
+        pass

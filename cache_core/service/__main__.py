@@ -1,0 +1,80 @@
+"""Run the cache service: ``python -m cache_core.service [--spool-dir DIR] [--instance-id ID]``.
+
+Loads the model once, starts the event publisher (with heartbeats) and the
+control-topic listener, serves HTTP with uvicorn on settings.service.host/port,
+and on SIGTERM/SIGINT stops listening, then flushes and closes the publisher.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from infra.runtime import scache_home
+
+log = logging.getLogger("cache_core.service")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m cache_core.service", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spool-dir", type=Path, default=None,
+                        help="where undeliverable events wait (default: SCACHE_HOME/spool/cache-PORT)")
+    parser.add_argument("--instance-id", default=None,
+                        help="instance id in events (default: HOSTNAME:PORT)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from cache_core.logs import configure_logging
+    from cache_core.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except Exception as exc:  # pydantic explains what is wrong with the environment
+        print(f"invalid settings: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    instance_id = args.instance_id or f"{socket.gethostname()}:{settings.service.port}"
+    spool_dir = args.spool_dir or scache_home() / "spool" / f"cache-{settings.service.port}"
+    return serve(settings, instance_id, spool_dir)
+
+
+def serve(settings, instance_id: str, spool_dir: Path) -> int:
+    from cache_core.control import ControlListener
+    from cache_core.embedder import EmbedderError, load_embedder
+    from cache_core.publisher import EventPublisher
+    from cache_core.service.app import create_app
+
+    try:
+        embedder = load_embedder(settings.cache)
+    except EmbedderError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
+    listener = None
+    try:
+        app = create_app(settings, publisher, embedder, instance_id=instance_id)
+        listener = ControlListener(settings.kafka, on_message=app.state.registry.apply)
+        listener.start()
+        publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
+        log.info("cache service starting", extra={"host": settings.service.host,
+                                                  "port": settings.service.port,
+                                                  "instance_id": instance_id})
+        uvicorn.run(app, host=settings.service.host, port=settings.service.port,
+                    log_level=settings.log_level.lower(), access_log=False, log_config=None)
+    finally:
+        if listener is not None:
+            listener.stop()
+        publisher.close()
+        log.info("cache service stopped", extra={"publisher": publisher.stats()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

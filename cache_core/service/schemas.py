@@ -1,0 +1,70 @@
+"""Request and response bodies of the HTTP API (strict types: wrong types are 422)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_ID = Field(min_length=1, max_length=256)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class LookupRequest(_Strict):
+    query: str
+    """The user's question; length is checked against ``max_query_chars``."""
+    unit_id: str = _ID
+    """The randomisation unit (user, session, tenant) whose arm decides."""
+    experiment_id: str | None = Field(None, min_length=1, max_length=64)
+    namespace: str = Field("default", min_length=1, max_length=128)
+    scope: str | None = Field(None, min_length=1, max_length=256)
+    """Conversation fingerprint: scoped entries answer only the same scope."""
+
+
+class Provenance(_Strict):
+    source: str = Field("", max_length=256)
+    version: str = Field("", max_length=128)
+
+
+class StoreRequest(LookupRequest):
+    answer: str
+    ttl_s: float | None = Field(None, gt=0)
+    provenance: Provenance = Provenance()
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FeedbackRequest(_Strict):
+    request_id: str = Field(min_length=1, max_length=128)
+    verdict: Literal["correct", "wrong"]
+    source: str = Field("user", min_length=1, max_length=64)
+
+
+class LookupResponse(BaseModel):
+    request_id: str
+    decision: str
+    hit: bool
+    answer: str | None
+    similarity: float | None
+    threshold: float | None
+    experiment_id: str
+    arm: str
+    config_version: int
+    intent_cluster: int
+    entry_id: str | None
+    entry_age_s: float | None
+    provenance: Provenance | None
+    latency_ms: float
+
+
+class StoreResponse(BaseModel):
+    stored: bool
+    reason: str
+    entry_id: str | None
+    similarity: float | None
+    experiment_id: str
+    arm: str
+    config_version: int
+    intent_cluster: int
