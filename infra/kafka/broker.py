@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         service = start_broker(args.data_dir, args.port, args.controller_port, args.heap)
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"kafka broker ready at {service.info['bootstrap']} (log: {service.log_path})", flush=True)

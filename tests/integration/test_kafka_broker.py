@@ -1,0 +1,112 @@
+"""The embedded broker and the topics scache creates on it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from kafka import KafkaConsumer
+from kafka.admin import ConfigResource, ConfigResourceType
+
+from infra.kafka.topics import admin_client, ensure_topics
+from infra.runtime import REPO_ROOT, port_open
+
+pytestmark = pytest.mark.integration
+
+
+def _partitions(kafka) -> dict[str, int]:
+    admin = admin_client(kafka)
+    try:
+        return {t["name"]: len(t["partitions"]) for t in admin.describe_topics(
+            [kafka.events_topic, kafka.control_topic, kafka.feedback_topic])}
+    finally:
+        admin.close()
+
+
+def _configs(kafka, topic: str) -> dict[str, str]:
+    admin = admin_client(kafka)
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        return {k: v["value"] for k, v in found["topic"][topic].items()}
+    finally:
+        admin.close()
+
+
+def test_broker_serves_on_loopback(kafka_broker):
+    host, port = kafka_broker.info["bootstrap"].split(":")
+    assert host == "127.0.0.1" and port_open(host, int(port))
+    assert kafka_broker.alive()
+
+
+def test_topics_have_configured_partitions(kafka_settings):
+    assert _partitions(kafka_settings) == {
+        kafka_settings.events_topic: kafka_settings.events_partitions,
+        kafka_settings.control_topic: 1,
+        kafka_settings.feedback_topic: kafka_settings.feedback_partitions,
+    }
+
+
+def test_control_topic_is_compacted_and_events_are_retained(kafka_settings):
+    control = _configs(kafka_settings, kafka_settings.control_topic)
+    assert control["cleanup.policy"] == "compact"
+    assert float(control["min.cleanable.dirty.ratio"]) <= 0.1
+    events = _configs(kafka_settings, kafka_settings.events_topic)
+    assert events["retention.ms"] == str(kafka_settings.events_retention_ms)
+    assert events.get("cleanup.policy", "delete") == "delete"
+
+
+def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings):
+    ensure_topics(kafka_settings)
+    grown = kafka_settings.model_copy(update={"events_partitions": kafka_settings.events_partitions + 1})
+    ensure_topics(grown)
+    assert _partitions(grown)[grown.events_topic] == kafka_settings.events_partitions + 1
+
+
+def test_broker_does_not_auto_create_topics(kafka_settings):
+    consumer = KafkaConsumer(bootstrap_servers=kafka_settings.bootstrap_servers, group_id=None,
+                             allow_auto_create_topics=True)
+    try:
+        assert not consumer.partitions_for_topic(kafka_settings.events_topic + ".typo")
+    finally:
+        consumer.close()
+    admin = admin_client(kafka_settings)
+    try:
+        assert kafka_settings.events_topic + ".typo" not in admin.list_topics()
+    finally:
+        admin.close()
+
+
+def test_cli_runs_in_foreground_and_stops_cleanly_on_sigterm(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "infra.kafka.broker", "--data-dir", str(tmp_path),
+                             "--heap", "256m"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "ready at" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+        assert "ready at 127.0.0.1:" in line, line
+        port = int(line.split("ready at 127.0.0.1:")[1].split()[0])
+        assert port_open("127.0.0.1", port)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert not port_open("127.0.0.1", port)
+        assert "[BrokerServer id=1] shut down completed" in (tmp_path / "broker.log").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_cli_reports_a_bad_data_dir_without_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = subprocess.run([sys.executable, "-m", "infra.kafka.broker", "--data-dir", str(blocker)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and "error:" in done.stderr
