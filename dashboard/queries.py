@@ -166,9 +166,27 @@ ORDER BY experiment_id
 """
 
 
+_SUMS = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count",
+         "ann_checks", "ann_agreements"]
+COLUMNS: dict[str, list[str]] = {
+    ARM_SUMMARY_SQL: ["arm", *_SUMS, "guard_blocks", "latency_sum_ms"],
+    LATENCY_HIST_SQL: ["arm", "requests", "latency_hist"],
+    TIMESERIES_SQL: ["arm", "bucket", "requests", "hits"],
+    **{sql: ["arm", dim, *_SUMS] for dim, sql in BREAKDOWN_SQL.items()},
+    SIMILARITY_HIST_SQL: ["arm", "similarity_milli", "decisions", "hits", "guard_blocks"],
+    THRESHOLD_CHANGES_SQL: ["ts", "experiment_id", "arm", "old_threshold", "new_threshold",
+                            "old_version", "new_version", "actor", "reason"],
+    EXPERIMENTS_SQL: ["experiment_id", "version", "config_json"],
+}
+"""Output columns of each query: an empty result carries no column names."""
+
+
 def _frame(client, sql: str, parameters: dict) -> pd.DataFrame:
     result = client.query(sql, parameters=parameters)
-    return pd.DataFrame(result.result_rows, columns=list(result.column_names))
+    columns = COLUMNS[sql]
+    if result.column_names and list(result.column_names) != columns:
+        raise RuntimeError(f"query returned columns {list(result.column_names)}, expected {columns}")
+    return pd.DataFrame(result.result_rows, columns=columns)
 
 
 def _with_hit_rate(df: pd.DataFrame) -> pd.DataFrame:
