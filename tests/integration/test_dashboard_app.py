@@ -1,0 +1,123 @@
+"""The Streamlit app (AppTest) on the real warehouse and, for the push, a real Kafka broker."""
+import json
+import uuid
+
+import pytest
+import streamlit as st
+from kafka import KafkaConsumer, TopicPartition
+from streamlit.testing.v1 import AppTest
+
+from cache_core.chclient import connect
+from cache_core.events import ControlMessage
+from cache_core.settings import get_settings
+from infra.runtime import REPO_ROOT
+from tests.fixtures import dashboard_seed as seed
+
+pytestmark = pytest.mark.integration
+APP = str(REPO_ROOT / "dashboard" / "app.py")
+
+
+@pytest.fixture
+def app_env(monkeypatch, ch_settings, tmp_path):
+    """Point the app at the test warehouse and an experiments file with a fresh experiment."""
+    experiment_id = f"dash-app-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("SCACHE_CLICKHOUSE__URL", ch_settings.url)
+    monkeypatch.setenv("SCACHE_CLICKHOUSE__DATABASE", ch_settings.database)
+    monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(seed.experiments_file(tmp_path / "e.yaml", experiment_id)))
+    monkeypatch.setenv("SCACHE_DASHBOARD__REFRESH_S", "60")
+
+    def start() -> AppTest:
+        get_settings.cache_clear()
+        st.cache_data.clear()
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.selectbox(key="experiment").set_value(experiment_id).run()
+        assert not at.exception, at.exception
+        return at
+
+    yield experiment_id, start
+    get_settings.cache_clear()
+
+
+def _texts(at: AppTest) -> str:
+    return " ".join(str(e.value) for e in [*at.info, *at.caption, *at.markdown, *at.warning, *at.success])
+
+
+def test_empty_state(app_env):
+    _, start = app_env
+    at = start()
+    assert any("No data yet" in i.value for i in at.info)
+    assert not at.error
+
+
+def test_seeded_overview_and_attribution(app_env, ch_settings):
+    experiment_id, start = app_env
+    client = connect(ch_settings)
+    seed.seed(client, experiment_id)
+    client.close()
+    at = start()
+    assert not any("No data yet" in i.value for i in at.info)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Requests"] == "1,000"
+    assert metrics["Hit rate"] == f"{595 / 1000:.1%}"
+    per_arm = at.dataframe[0].value.set_index("arm")
+    assert per_arm.loc["treatment", "hits"] == 340
+    assert per_arm.loc["control", "ci_low"] < 0.51 < per_arm.loc["control", "ci_high"]
+    diff = at.dataframe[1].value.set_index("arm")
+    assert diff.loc["treatment", "diff"] == pytest.approx(0.68 - 0.51)
+    assert diff.loc["treatment", "p_value"] < 0.001 and diff.loc["treatment", "status"] == "ok"
+    assert "Sample-ratio check passed" in _texts(at)  # 500 vs 500 at equal weights
+
+
+def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch):
+    experiment_id, start = app_env
+    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("SCACHE_KAFKA__CONTROL_TOPIC", kafka_settings.control_topic)
+    at = start()
+    at.selectbox(key="ctl_arm").set_value("treatment")
+    at.number_input(key="ctl_threshold").set_value(0.75)
+    at.text_input(key="ctl_actor").input("tester")
+    at.text_input(key="ctl_reason").input("more hits")
+    at.button(key="ctl_push").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "config version 2" in at.success[0].value
+
+    messages = _control_messages(kafka_settings)
+    assert len(messages) == 1
+    pushed = messages[0]
+    assert pushed.experiment.experiment_id == experiment_id
+    assert pushed.experiment.version == 2
+    assert pushed.experiment.arm("treatment").threshold == 0.75
+    assert pushed.experiment.arm("control").threshold == 0.90
+    assert pushed.actor == "tester"
+
+    client = connect(ch_settings)
+    rows = client.query("SELECT arm, old_threshold, new_threshold, new_version FROM threshold_changes "
+                        "WHERE experiment_id = {e:String}", parameters={"e": experiment_id}).result_rows
+    client.close()
+    assert [tuple(r) for r in rows] == [("treatment", 0.80, 0.75, 2)]
+
+
+def test_push_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
+    _, start = app_env
+    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("SCACHE_KAFKA__CONTROL_TOPIC", kafka_settings.control_topic)
+    monkeypatch.setenv("SCACHE_DASHBOARD__ADMIN_TOKEN", "s3cret")
+    at = start()
+    at.text_input(key="ctl_actor").input("mallory")
+    at.text_input(key="ctl_token").input("guess")
+    at.button(key="ctl_push").click().run()
+    assert any("admin token" in e.value for e in at.error)
+    assert _control_messages(kafka_settings) == []
+
+
+def _control_messages(kafka_settings) -> list[ControlMessage]:
+    consumer = KafkaConsumer(bootstrap_servers=kafka_settings.bootstrap_servers, enable_auto_commit=False,
+                             consumer_timeout_ms=3000)
+    try:
+        tps = [TopicPartition(kafka_settings.control_topic, p)
+               for p in consumer.partitions_for_topic(kafka_settings.control_topic)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        return [ControlMessage.model_validate(json.loads(r.value)) for r in consumer]
+    finally:
+        consumer.close()
