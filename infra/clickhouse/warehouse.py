@@ -333,6 +333,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
+    def handle_error(self, request, client_address) -> None:
+        # A client hanging up mid-request is routine; anything else is logged, never fatal.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("client connection dropped", extra={"client": client_address[0], "error": repr(exc)})
+        else:
+            log.warning("request handling failed", exc_info=True, extra={"client": client_address[0]})
+
 
 def make_server(warehouse: Warehouse, host: str, port: int) -> ThreadingHTTPServer:
     handler = type("WarehouseHandler", (Handler,), {"warehouse": warehouse})

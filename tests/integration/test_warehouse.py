@@ -219,3 +219,15 @@ def test_data_survives_restart_and_dir_is_exclusive(tmp_path):
         client.close()
     finally:
         second.stop()
+
+
+def test_password_is_enforced_when_configured(tmp_path):
+    service = start_warehouse(tmp_path / "data", env={"SCACHE_CLICKHOUSE__PASSWORD": "s3cret"})
+    try:
+        with pytest.raises(DatabaseError, match="516.*AUTHENTICATION_FAILED"):
+            connect(ClickHouseSettings(url=service.info["url"], password="wrong"), database="default")
+        client = connect(ClickHouseSettings(url=service.info["url"], password="s3cret"), database="default")
+        assert client.command("SELECT 1") == 1
+        client.close()
+    finally:
+        service.stop()
