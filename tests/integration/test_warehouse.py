@@ -118,6 +118,7 @@ def test_format_clause_and_default_format(warehouse, ch_client):
     status, headers, body = _http(warehouse.info["url"], "SELECT 3 AS x", default_format="JSONCompact")
     assert status == 200 and headers["X-ClickHouse-Format"] == "JSONCompact"
     assert json.loads(body)["data"] == [[3]]
+    assert _http(warehouse.info["url"], "SELECT 40 +", body=b"2")[2] == b"42\n"  # URL query + body, joined
     summary = json.loads(headers["X-ClickHouse-Summary"])
     assert summary["read_rows"] == "1" and headers["X-ClickHouse-Query-Id"]
 
