@@ -10,6 +10,7 @@ import argparse
 import logging
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -57,11 +58,23 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         log.error("cannot start: %s", exc)
         return 2
     publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
-    listener = None
+    listener: list = []
+    stopped = threading.Event()
+
+    def shutdown() -> None:
+        if stopped.is_set():
+            return
+        stopped.set()
+        for running in listener:
+            running.stop()
+        publisher.close()
+        log.info("cache service stopped", extra={"publisher": publisher.stats()})
+
     try:
-        app = create_app(settings, publisher, embedder, instance_id=instance_id)
-        listener = ControlListener(settings.kafka, on_message=app.state.registry.apply)
-        listener.start()
+        app = create_app(settings, publisher, embedder, instance_id=instance_id,
+                         shutdown_hooks=[shutdown])
+        listener.append(ControlListener(settings.kafka, on_message=app.state.registry.apply))
+        listener[0].start()
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,
                                                   "port": settings.service.port,
@@ -69,10 +82,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         uvicorn.run(app, host=settings.service.host, port=settings.service.port,
                     log_level=settings.log_level.lower(), access_log=False, log_config=None)
     finally:
-        if listener is not None:
-            listener.stop()
-        publisher.close()
-        log.info("cache service stopped", extra={"publisher": publisher.stats()})
+        shutdown()  # also when uvicorn could not start (e.g. port taken)
     return 0
 
 

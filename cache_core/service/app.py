@@ -24,10 +24,13 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings, publisher, embedder: Embedder | None = None, *,
                registry: ExperimentRegistry | None = None, clock: Callable[[], float] = time.time,
-               instance_id: str = "") -> FastAPI:
+               instance_id: str = "", shutdown_hooks: list[Callable[[], None]] | None = None,
+               ) -> FastAPI:
     """Build the service around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``). The model is loaded here unless ``embedder`` is given; concurrent
-    requests share it through one micro-batching encoder thread."""
+    requests share it through one micro-batching encoder thread. ``shutdown_hooks``
+    run in order when the server shuts down (uvicorn re-raises SIGTERM after it
+    exits, so code after ``uvicorn.run`` is not a safe place to flush)."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -53,6 +56,11 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        for hook in shutdown_hooks or []:
+            try:
+                hook()
+            except Exception:  # one failing hook must not skip the flush after it
+                log.exception("shutdown hook failed")
         if own_encoder:
             encoder.close()
 
