@@ -21,6 +21,8 @@ from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
+MAX_RETRY_S = 10.0
+
 
 class ControlError(RuntimeError):
     """The control topic could not be written or read."""
@@ -96,20 +98,24 @@ class ControlListener:
                 "alive": self._thread is not None and self._thread.is_alive()}
 
     def _run(self) -> None:
+        delay = self.retry_s
         while not self._stop.is_set():
             consumer = None
             try:
                 consumer = self._connect()
+                delay = self.retry_s
                 self._follow(consumer)
             except (KafkaError, ControlError, OSError) as exc:
                 self._counts["reconnects"] += 1
                 log.warning("control listener disconnected, retrying",
-                            extra={"error": str(exc), "retry_s": self.retry_s})
-                self._stop.wait(self.retry_s)
+                            extra={"error": str(exc), "retry_s": delay})
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_RETRY_S)
             except Exception:  # unexpected: log and keep the listener alive
                 self._counts["reconnects"] += 1
                 log.exception("control listener error, retrying")
-                self._stop.wait(self.retry_s)
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_RETRY_S)
             finally:
                 if consumer is not None:
                     _close_quietly(consumer)

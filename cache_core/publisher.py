@@ -117,7 +117,8 @@ class EventPublisher:
         if self._closed:
             return
         self._heartbeat_stop.set()
-        self.flush(timeout_s)
+        # With the broker known to be down, one quick retry; the spool keeps the rest.
+        self.flush(timeout_s if self._healthy else min(timeout_s, 1.0))
         self._closed = True
         self._stopping.set()
         self._thread.join(timeout=timeout_s + 5)
@@ -155,7 +156,9 @@ class EventPublisher:
             try:
                 if batch:
                     self._handle(batch)
-                if not self._spool.empty() and time.monotonic() >= self._retry_at:
+                # Also probe when unhealthy with nothing spooled (e.g. only heartbeats
+                # failed), else heartbeats would stay off through a quiet period.
+                if (not self._spool.empty() or not self._healthy) and time.monotonic() >= self._retry_at:
                     self._replay()
             except Exception:  # never let the drain thread die: that would lose messages
                 log.exception("publisher drain loop error")
@@ -249,8 +252,8 @@ class EventPublisher:
             self._count("replayed", delivered)
             self._count("published", delivered)
             self._count("dropped", batch.corrupt)
-        if self._spool.empty():
-            log.info("spool drained, broker healthy again", extra=self.stats())
+        if self._spool.empty() and not self._healthy:
+            log.info("broker reachable again, spool drained", extra=self.stats())
             self._healthy = True
             self._backoff_s = 0.5
 

@@ -112,3 +112,19 @@ def test_control_listener_survives_broker_down_at_start(broker, settings):
         assert listener.stats()["caught_up"]
     finally:
         listener.stop()
+
+
+def test_heartbeats_resume_after_an_outage_with_no_traffic(broker, settings, tmp_path):
+    publisher = EventPublisher(settings, tmp_path / "spool", instance_id="quiet", send_timeout_s=2)
+    publisher.start_heartbeats(0.2)
+    try:
+        wait_for(lambda: publisher.stats()["heartbeats"] >= 3)
+        broker.stop()
+        wait_for(lambda: not publisher.stats()["broker_healthy"])
+        before = publisher.stats()["heartbeats"]
+        broker.restart()
+        wait_for(lambda: publisher.stats()["heartbeats"] >= before + 3 * settings.events_partitions)
+        stats = publisher.stats()
+    finally:
+        publisher.close()
+    assert stats["broker_healthy"] and stats["spooled"] == 0 and stats["published"] == 0
