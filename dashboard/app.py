@@ -36,10 +36,11 @@ class View:
 
     @property
     def filters(self) -> Filters:
-        """Recomputed on every (fragment) run so the window slides; aligned to the
-        refresh interval so repeated runs hit the query cache."""
+        """Recomputed on every (fragment) run so the window slides. It ends at the end
+        of the current refresh interval (so runs within one interval share the query
+        cache and still see everything that arrives during it)."""
         every = self.settings.dashboard.refresh_s
-        now = datetime.fromtimestamp(data.refresh_tick(self.settings) * every, tz=timezone.utc)
+        now = datetime.fromtimestamp((data.refresh_tick(self.settings) + 1) * every, tz=timezone.utc)
         start, end = processing.time_window(self.time_range, now)
         return Filters(self.experiment_id, start, end, self.namespace)
 
@@ -95,12 +96,14 @@ def comparison_section(view: View, summary) -> None:
     comparison = processing.comparison_frame(summary, baseline) if baseline else None
     if comparison is not None and not comparison.empty:
         st.subheader(f"Difference vs {baseline}")
-        st.dataframe(comparison, hide_index=True, column_config={
+        st.dataframe(comparison, hide_index=True, column_order=[
+            "arm", "vs", "diff", "ci_low", "ci_high", "relative_lift", "p", "status", "detail",
+        ], column_config={
             "diff": st.column_config.NumberColumn("Δ hit rate", format="percent"),
             "ci_low": st.column_config.NumberColumn("95% CI low", format="percent"),
             "ci_high": st.column_config.NumberColumn("95% CI high", format="percent"),
             "relative_lift": st.column_config.NumberColumn("relative lift", format="percent"),
-            "p_value": st.column_config.NumberColumn("p-value", format="%.4f"),
+            "p": st.column_config.TextColumn("p-value"),
         })
     if view.config is None:
         st.caption("Sample-ratio check skipped: no definition for this experiment.")

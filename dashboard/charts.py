@@ -16,7 +16,8 @@ def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
                        arm_col: str = "arm", change_time_col: str = "ts") -> alt.TopLevelMixin:
     """Hit rate per arm over time; each threshold change is a dashed vertical rule."""
     lines = alt.Chart(df).mark_line(point=True).encode(
-        x=alt.X(f"{time_col}:T", title="window start (UTC)"),
+        x=alt.X(f"{time_col}:T", title="window start (UTC)", scale=alt.Scale(type="utc"),
+                axis=alt.Axis(format="%H:%M")),
         y=alt.Y(f"{rate_col}:Q", title="hit rate", axis=RATE_AXIS),
         color=alt.Color(f"{arm_col}:N", title="arm"),
         tooltip=[alt.Tooltip(f"{time_col}:T"), alt.Tooltip(f"{arm_col}:N"),
@@ -25,7 +26,7 @@ def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
     if changes is None or changes.empty:
         return lines.properties(height=320)
     rules = alt.Chart(changes).mark_rule(strokeDash=[4, 4], color="gray").encode(
-        x=alt.X(f"{change_time_col}:T"),
+        x=alt.X(f"{change_time_col}:T", scale=alt.Scale(type="utc")),
         tooltip=[alt.Tooltip(f"{change_time_col}:T", title="changed at"),
                  alt.Tooltip("arm:N"), alt.Tooltip("old_threshold:Q", format=".3f"),
                  alt.Tooltip("new_threshold:Q", format=".3f"),
@@ -41,7 +42,8 @@ def breakdown_bars(df: pd.DataFrame, category_col: str, *, value_col: str = "hit
     axis = RATE_AXIS if percent else alt.Axis()
     tooltip_format = ".1%" if percent else ",.2f"
     return alt.Chart(df).mark_bar().encode(
-        x=alt.X(f"{category_col}:N", title=category_col.replace("_", " "), sort=None),
+        x=alt.X(f"{category_col}:N", title=category_col.replace("_", " "), sort=None,
+                axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset(f"{arm_col}:N"),
         y=alt.Y(f"{value_col}:Q", title=value_title, axis=axis),
         color=alt.Color(f"{arm_col}:N", title="arm"),
@@ -61,7 +63,7 @@ def rate_with_interval(df: pd.DataFrame, *, arm_col: str = "arm", rate_col: str 
     )
     bars = base.mark_rule().encode(x=alt.X(f"{low_col}:Q"), x2=alt.X2(f"{high_col}:Q"),
                                    color=alt.Color(f"{arm_col}:N", legend=None))
-    return alt.layer(bars, points).properties(height=40 + 30 * max(1, len(df)))
+    return alt.layer(bars, points).properties(height=alt.Step(36))
 
 
 def whatif_curve(curve: pd.DataFrame, candidate: float | None = None, *,

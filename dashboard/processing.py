@@ -65,6 +65,13 @@ def overview_frame(summary: pd.DataFrame, latency: pd.DataFrame,
     return pd.DataFrame(rows)
 
 
+def format_p_value(p: float | None) -> str:
+    """A p-value for display: '<0.0001' rather than a misleading 0.0000, '—' when not computed."""
+    if p is None or p != p:
+        return "—"
+    return "<0.0001" if p < 0.0001 else f"{p:.4f}"
+
+
 def comparison_frame(summary: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Every non-holdout arm vs ``baseline``: difference in hit rate, 95% CI, p-value, status."""
     stats = {r.arm: ProportionStat(int(r.requests), int(r.hits)) for r in summary.itertuples(index=False)}
@@ -78,7 +85,7 @@ def comparison_frame(summary: pd.DataFrame, baseline: str) -> pd.DataFrame:
         rows.append({"arm": arm, "vs": baseline, "diff": result.diff,
                      "ci_low": result.ci_low, "ci_high": result.ci_high,
                      "relative_lift": result.relative_lift, "p_value": result.p_value,
-                     "status": result.status, "detail": result.detail})
+                     "p": format_p_value(result.p_value), "status": result.status, "detail": result.detail})
     return pd.DataFrame(rows)
 
 
