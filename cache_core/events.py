@@ -50,6 +50,8 @@ class CacheEvent(BaseModel):
     """Probability of this arm for a random unit, for reweighting analyses."""
     partition_mode: str = "partitioned"
     config_version: int = 0
+    variant: str = "base"
+    """"canary" when the unit is in the arm's canary share (see ArmConfig.canary)."""
     decision: Decision = "none"
     hit: bool = False
     threshold: float | None = None

@@ -16,8 +16,23 @@ TtlPolicy = Literal["absolute", "sliding"]
 PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]
 
+Variant = Literal["base", "canary"]
+
 HOLDOUT_ARM = "holdout"
-HASH_BUCKETS = 10_000
+
+
+class CanaryConfig(BaseModel):
+    """A pending threshold change tried on a share of one arm's units first.
+
+    Units of the arm whose canary hash falls under ``share`` see ``threshold``;
+    the dashboard promotes the canary (it becomes the arm's threshold) or rolls it
+    back, automatically when its false-hit rate breaches the target with confidence.
+    """
+
+    threshold: float = Field(ge=-1.0, le=1.0)
+    share: float = Field(gt=0.0, le=1.0)
+    target_false_hit_rate: float = Field(0.05, gt=0.0, lt=1.0)
+    started_at_ms: int = 0
 
 
 class ArmConfig(BaseModel):
@@ -37,6 +52,7 @@ class ArmConfig(BaseModel):
     capacity_entries: int = Field(100_000, ge=1)
     capacity_bytes: int = Field(512 * 1024 * 1024, ge=1)
     ann_check_rate: float = Field(0.1, ge=0.0, le=1.0)
+    canary: CanaryConfig | None = None
 
     @field_validator("name")
     @classmethod
@@ -45,7 +61,9 @@ class ArmConfig(BaseModel):
             raise ValueError(f"arm name {HOLDOUT_ARM!r} is reserved")
         return name
 
-    def threshold_for(self, cluster: int | None) -> float:
+    def threshold_for(self, cluster: int | None, variant: Variant = "base") -> float:
+        if variant == "canary" and self.canary is not None:
+            return self.canary.threshold
         if cluster is not None and cluster in self.cluster_thresholds:
             return self.cluster_thresholds[cluster]
         return self.threshold
@@ -89,6 +107,7 @@ class Assignment(BaseModel):
     arm: str
     probability: float
     config_version: int
+    variant: Variant = "base"
 
     @property
     def is_holdout(self) -> bool:
@@ -117,11 +136,18 @@ def assign(experiment: ExperimentConfig, unit_id: str) -> Assignment:
             if inner < cumulative:
                 arm = candidate.name
                 break
+    variant: Variant = "base"
+    if arm != HOLDOUT_ARM:
+        canary = experiment.arm(arm).canary
+        # An independent hash, so the canary share is a random sample of the arm.
+        if canary is not None and _unit_bucket(f"{experiment.salt}:canary:{arm}", unit_id) < canary.share:
+            variant = "canary"
     return Assignment(
         experiment_id=experiment.experiment_id,
         arm=arm,
         probability=probs[arm],
         config_version=experiment.version,
+        variant=variant,
     )
 
 

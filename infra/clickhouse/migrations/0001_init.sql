@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS events_raw
     assignment_prob Float64,
     partition_mode LowCardinality(String),
     config_version Int64,
+    variant LowCardinality(String),
     decision LowCardinality(String),
     hit Bool,
     threshold Nullable(Float64),
