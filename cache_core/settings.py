@@ -62,12 +62,14 @@ class ServiceSettings(BaseModel):
 
 
 class FlinkSettings(BaseModel):
-    # Path to flink-sql-connector-kafka; resolved by infra/flink/resolve.sh.
+    # Path to flink-sql-connector-kafka; resolved by infra/flink/resolve.py when unset.
     connector_jar: Path | None = None
     parallelism: int = Field(1, ge=1)
     window_s: int = Field(60, ge=1)
     watermark_delay_s: int = Field(5, ge=0)
     allowed_lateness_s: int = Field(30, ge=0)
+    # Raw events go to ClickHouse in event-time micro-batches of this many seconds.
+    raw_batch_s: int = Field(2, ge=1)
     idle_timeout_s: int = Field(5, ge=1)
     checkpoint_interval_s: int = Field(10, ge=1)
     checkpoint_dir: Path = Path.home() / ".cache" / "scache" / "checkpoints"

@@ -1,0 +1,119 @@
+"""Known CacheEvents for the attribution job test, and the totals the job must produce.
+
+The reference is computed in plain Python with the same udfs functions the job uses.
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterable
+
+from kafka import KafkaProducer
+
+from cache_core.events import CacheEvent
+from udfs.buckets import LATENCY_BUCKETS, latency_bucket_index, lifetime_bucket
+from udfs.decay import sim_decay
+
+ARMS = (("exp-a", "control"), ("exp-a", "treatment"), ("exp-b", "only"))
+LATENCIES_MS = (0.4, 1.0, 3.0, 7.5, 15.0, 42.0, 90.0, 150.0, 420.0, 999.0, 1500.0, 4200.0, 9000.0)
+AGES_S = (None, 0.0, 100.0, 1300.0, 2500.0, 3600.0, 3700.0, 5000.0)
+
+
+def make_events(base_ms: int, window_s: int, n: int = 180, seed: int = 7,
+                suffix: str = "") -> list[CacheEvent]:
+    """Decisions spread over two windows from ``base_ms``: arms, clusters, hits, ages, edge cases."""
+    rng = random.Random(seed)
+    events = []
+    for i in range(n):
+        experiment_id, arm = ARMS[i % len(ARMS)]
+        hit = rng.random() < 0.55
+        age = rng.choice(AGES_S)
+        similarity = rng.choice((None, round(rng.uniform(0.3, 1.0), 4))) if not hit \
+            else round(rng.uniform(0.8, 1.0), 4)
+        if i == 5:
+            similarity = 1.5  # a data error: decays to None, still counted as a request
+        checked = rng.random() < 0.3
+        events.append(CacheEvent(
+            ts_ms=base_ms + rng.randrange(0, 2 * window_s * 1000),
+            experiment_id=experiment_id + suffix, arm=arm, unit_id=f"u{i % 23}",
+            namespace=rng.choice(("default", "tenant-x")), config_version=1 + i % 2,
+            decision="hit" if hit else "miss", hit=hit, threshold=0.8, similarity=similarity,
+            intent_cluster=rng.randrange(0, 4), entry_id=None if age is None else f"e{i}",
+            entry_age_s=age, entry_ttl_s=None if age is None else 3600.0,
+            index_kind=rng.choice(("flat", "hnsw")), ann_checked=checked,
+            ann_agree=(rng.random() < 0.9) if checked else None,
+            guard="negation" if (not hit and rng.random() < 0.1) else None,
+            latency_ms=rng.choice(LATENCIES_MS),
+        ))
+    return events
+
+
+def heartbeats(ts_ms: int, partitions: int) -> list[tuple[int, CacheEvent]]:
+    """One heartbeat per partition at ``ts_ms``: moves every partition's watermark past it."""
+    return [(p, CacheEvent(event_type="heartbeat", ts_ms=ts_ms, instance_id="test"))
+            for p in range(partitions)]
+
+
+def produce(bootstrap: str, topic: str, events: Iterable[CacheEvent],
+            pinned: Iterable[tuple[int, CacheEvent]] = ()) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        for event in events:
+            producer.send(topic, key=event.kafka_key(), value=event.model_dump_json().encode())
+        for partition, event in pinned:
+            producer.send(topic, key=event.kafka_key(), value=event.model_dump_json().encode(),
+                          partition=partition)
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+
+
+def expected_totals(events: Iterable[CacheEvent]) -> dict[tuple[str, str], dict]:
+    """Per (experiment_id, arm): what ``window_agg FINAL`` must add up to."""
+    totals: dict[tuple[str, str], dict] = defaultdict(_empty_totals)
+    for e in events:
+        if e.event_type == "heartbeat":
+            continue
+        t = totals[(e.experiment_id, e.arm)]
+        t["requests"] += 1
+        t["hits"] += int(e.hit)
+        if e.hit:
+            t["decayed_hits"] += sim_decay(e.similarity, e.entry_age_s) or 0.0
+        t["ann_checks"] += int(e.ann_checked)
+        t["ann_agreements"] += int(e.ann_checked and e.ann_agree is True)
+        t["guard_blocks"] += int(e.guard is not None)
+        t["similarity_count"] += int(e.similarity is not None)
+        index = latency_bucket_index(e.latency_ms)
+        if index is not None:
+            t["latency_hist"][index] += 1
+        t["lifetime_buckets"].add(lifetime_bucket(e.entry_age_s, e.entry_ttl_s))
+    return dict(totals)
+
+
+def _empty_totals() -> dict:
+    return {"requests": 0, "hits": 0, "decayed_hits": 0.0, "ann_checks": 0, "ann_agreements": 0,
+            "guard_blocks": 0, "similarity_count": 0, "latency_hist": [0] * LATENCY_BUCKETS,
+            "lifetime_buckets": set()}
+
+
+def warehouse_totals(client, experiment_ids: list[str]) -> dict[tuple[str, str], dict]:
+    """The same totals, summed from ``window_agg FINAL``."""
+    result = client.query(
+        "SELECT experiment_id, arm, lifetime_bucket, requests, hits, decayed_hits, ann_checks,"
+        " ann_agreements, guard_blocks, similarity_count, latency_hist"
+        " FROM window_agg FINAL WHERE experiment_id IN {ids:Array(String)}",
+        parameters={"ids": experiment_ids})
+    totals: dict[tuple[str, str], dict] = defaultdict(_empty_totals)
+    for (exp, arm, bucket, requests, hits, decayed, checks, agreements, guards, sims,
+         hist) in result.result_rows:
+        t = totals[(exp, arm)]
+        t["requests"] += requests
+        t["hits"] += hits
+        t["decayed_hits"] += decayed
+        t["ann_checks"] += checks
+        t["ann_agreements"] += agreements
+        t["guard_blocks"] += guards
+        t["similarity_count"] += sims
+        t["latency_hist"] = [a + b for a, b in zip(t["latency_hist"], hist)]
+        t["lifetime_buckets"].add(bucket)
+    return dict(totals)
