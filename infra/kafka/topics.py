@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 import kafka.errors as Errors
 from kafka.admin import KafkaAdminClient
@@ -66,20 +67,31 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
                 raise RuntimeError(f"cannot create topic {topic['name']}: {error.__name__} "
                                    f"{topic.get('error_message') or ''}".rstrip())
         admin.wait_for_topics(list(specs), timeout_ms=int(timeout_s * 1000))
-        _grow_partitions(admin, specs)
+        _grow_partitions(admin, specs, timeout_s)
     finally:
         admin.close()
 
 
-def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict]) -> None:
+def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict], timeout_s: float) -> None:
+    grown = []
     for topic in admin.describe_topics(list(specs)):
         have, want = len(topic["partitions"]), specs[topic["name"]]["num_partitions"]
         if have < want:
             log.info("adding partitions", extra={"topic": topic["name"], "from": have, "to": want})
             admin.create_partitions({topic["name"]: want})
+            grown.append(topic["name"])
         elif have > want:
             log.warning("topic has more partitions than configured",
                         extra={"topic": topic["name"], "have": have, "want": want})
+    if grown:
+        # New partitions reach the broker's metadata a little after the ack.
+        deadline = time.monotonic() + timeout_s
+        while any(len(t["partitions"]) < specs[t["name"]]["num_partitions"]
+                  for t in admin.describe_topics(grown)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"new partitions of {grown} not visible after {timeout_s}s")
+            time.sleep(0.1)
+        admin.wait_for_topics(grown, timeout_ms=int(timeout_s * 1000))
 
 
 def main(argv: list[str] | None = None) -> int:
