@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.control import ControlListener
     from cache_core.embedder import EmbedderError, load_embedder
+    from cache_core.index import set_search_threads
     from cache_core.publisher import EventPublisher
     from cache_core.service.app import create_app
 
+    set_search_threads(1)
     try:
         embedder = load_embedder(settings.cache)
     except EmbedderError as exc:
