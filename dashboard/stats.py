@@ -8,18 +8,18 @@ says so in ``status``; it never returns a made-up p-value or interval.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from scipy import stats as sps
 
 Status = Literal["ok", "no_data", "zero_variance", "invalid"]
-# Only the frequentist engine exists today. Bayesian (beta-binomial posterior,
-# chance to beat control) and sequential (always-valid mSPRT intervals) engines
-# belong next to it, taking the same ProportionStat inputs and returning the
-# same result shapes, selected by this alias.
-StatsEngine = Literal["frequentist"]
+# Three views of the same ProportionStat inputs: the fixed-horizon z-test, a
+# Beta-Binomial posterior, and an always-valid mSPRT that survives continuous peeking.
+StatsEngine = Literal["frequentist", "bayesian", "sequential"]
 
 DEFAULT_ALPHA = 0.05
 SRM_ALPHA = 0.001
@@ -169,3 +169,190 @@ def srm_check(observed: Mapping[str, int], weights: Mapping[str, float],
     p_value = float(sps.chi2.sf(chi2, dof))
     return SrmResult(chi2, p_value, dof, expected, counts, p_value < alpha, "ok")
 
+
+
+# -- Bayesian: Beta-Binomial posteriors ----------------------------------------------
+
+DEFAULT_PRIOR = (1.0, 1.0)
+"""Beta(1, 1): uniform on the rate."""
+_QUADRATURE_POINTS = 4000
+
+
+@dataclass(frozen=True)
+class BayesResult:
+    """Posterior comparison of treatment vs control rates (Beta-Binomial, independent arms)."""
+
+    prob_treatment_better: float | None
+    """P(p_treatment > p_control | data)."""
+    expected_loss_treatment: float | None
+    """E[max(p_control - p_treatment, 0)]: what choosing treatment costs if it is worse."""
+    expected_loss_control: float | None
+    """E[max(p_treatment - p_control, 0)]."""
+    status: Status
+    detail: str = ""
+
+
+def _posterior(stat: ProportionStat, prior: tuple[float, float]) -> tuple[float, float]:
+    a0, b0 = prior
+    if a0 <= 0 or b0 <= 0:
+        raise ValueError(f"Beta prior parameters must be positive, got {prior}")
+    return a0 + stat.successes, b0 + stat.n - stat.successes
+
+
+def _expected_excess(a: float, b: float, x: np.ndarray) -> np.ndarray:
+    """E[max(P - x, 0)] for P ~ Beta(a, b): E[P; P > x] - x P(P > x), in closed form."""
+    return a / (a + b) * sps.beta.sf(x, a + 1, b) - x * sps.beta.sf(x, a, b)
+
+
+def bayes_compare(control: ProportionStat, treatment: ProportionStat,
+                  prior: tuple[float, float] = DEFAULT_PRIOR) -> BayesResult:
+    """Chance to beat control and expected losses under independent Beta posteriors.
+
+    Both quantities are one-dimensional integrals over the treatment posterior,
+    computed by the midpoint rule in its quantile space (smooth, bounded integrands).
+    """
+    if control.n == 0 or treatment.n == 0:
+        return BayesResult(None, None, None, "no_data", "an arm has no trials")
+    ac, bc = _posterior(control, prior)
+    at, bt = _posterior(treatment, prior)
+    u = (np.arange(_QUADRATURE_POINTS) + 0.5) / _QUADRATURE_POINTS
+    x = sps.beta.ppf(u, at, bt)  # draws of p_treatment, evenly in probability
+    prob = float(np.mean(sps.beta.cdf(x, ac, bc)))
+    loss_t = float(np.mean(_expected_excess(ac, bc, x)))
+    # E[max(pt - pc, 0)] = E[pt - pc] + E[max(pc - pt, 0)]
+    loss_c = float(at / (at + bt) - ac / (ac + bc) + loss_t)
+    return BayesResult(prob, loss_t, max(loss_c, 0.0), "ok")
+
+
+# -- Sequential: mixture SPRT, always-valid p-values -------------------------------
+
+DEFAULT_MIXTURE_SD = 0.05
+"""Scale of the normal mixture over the effect (a 5-point hit-rate difference)."""
+
+
+@dataclass(frozen=True)
+class SequentialResult:
+    """mSPRT of treatment - control: valid however often it is looked at."""
+
+    diff: float | None
+    likelihood_ratio: float | None
+    p_value: float | None
+    """Always-valid p-value at this look (the running minimum when a path is given)."""
+    ci_low: float | None
+    ci_high: float | None
+    """Always-valid confidence sequence at this look."""
+    reject: bool
+    status: Status
+    detail: str = ""
+
+
+def msprt_statistic(estimate: float, variance: float, mixture_sd: float = DEFAULT_MIXTURE_SD,
+                    null: float = 0.0) -> float:
+    """Mixture likelihood ratio of a normal estimate against ``null`` (Johari et al. 2017).
+
+    With theta_hat ~ N(theta, V) and theta ~ N(null, tau^2) under the alternative:
+    Lambda = sqrt(V / (V + tau^2)) * exp(tau^2 (theta_hat - null)^2 / (2 V (V + tau^2))).
+    """
+    if variance <= 0 or mixture_sd <= 0:
+        raise ValueError(f"variance and mixture_sd must be positive, got {variance}, {mixture_sd}")
+    tau2 = mixture_sd * mixture_sd
+    log_lr = 0.5 * math.log(variance / (variance + tau2)) + \
+        tau2 * (estimate - null) ** 2 / (2 * variance * (variance + tau2))
+    return math.exp(min(log_lr, 700.0))
+
+
+def confidence_sequence_halfwidth(variance: float, alpha: float = DEFAULT_ALPHA,
+                                  mixture_sd: float = DEFAULT_MIXTURE_SD) -> float:
+    """Half-width of the always-valid interval: the nulls the mSPRT does not reject at ``alpha``."""
+    tau2 = mixture_sd * mixture_sd
+    return math.sqrt(2 * variance * (variance + tau2) / tau2 *
+                     (math.log(1 / alpha) + 0.5 * math.log((variance + tau2) / variance)))
+
+
+def sequential_test(control: ProportionStat, treatment: ProportionStat,
+                    alpha: float = DEFAULT_ALPHA, mixture_sd: float = DEFAULT_MIXTURE_SD,
+                    previous_p: float = 1.0) -> SequentialResult:
+    """One look of the mSPRT on two proportions (pooled variance under the null).
+
+    ``previous_p`` is the always-valid p-value of the previous look; the p-value
+    reported is never larger (p_n = min(p_{n-1}, 1 / Lambda_n)).
+    """
+    _z_critical(alpha)
+    pc, pt = control.rate, treatment.rate
+    if pc is None or pt is None:
+        return SequentialResult(None, None, previous_p, None, None, False, "no_data", "an arm has no trials")
+    pooled = (control.successes + treatment.successes) / (control.n + treatment.n)
+    variance = pooled * (1 - pooled) * (1 / control.n + 1 / treatment.n)
+    if variance == 0.0:
+        return SequentialResult(pt - pc, None, previous_p, None, None, previous_p <= alpha,
+                                "zero_variance", "every trial in both arms had the same outcome")
+    diff = pt - pc
+    lr = msprt_statistic(diff, variance, mixture_sd)
+    p_value = min(previous_p, 1.0 / lr, 1.0)
+    half = confidence_sequence_halfwidth(variance, alpha, mixture_sd)
+    return SequentialResult(diff, lr, p_value, diff - half, diff + half, p_value <= alpha, "ok")
+
+
+def sequential_path(control_path: Sequence[ProportionStat], treatment_path: Sequence[ProportionStat],
+                    alpha: float = DEFAULT_ALPHA,
+                    mixture_sd: float = DEFAULT_MIXTURE_SD) -> SequentialResult:
+    """The mSPRT after a sequence of looks at cumulative counts (e.g. one per time bucket)."""
+    if len(control_path) != len(treatment_path):
+        raise ValueError("control and treatment paths must have the same number of looks")
+    result = SequentialResult(None, None, 1.0, None, None, False, "no_data", "no looks")
+    p = 1.0
+    for c, t in zip(control_path, treatment_path):
+        result = sequential_test(c, t, alpha, mixture_sd, previous_p=p)
+        p = result.p_value if result.p_value is not None else p
+    return result
+
+
+def rate_vs_target(stat: ProportionStat, target: float, alpha: float = DEFAULT_ALPHA,
+                   mixture_sd: float = DEFAULT_MIXTURE_SD) -> tuple[Literal["above", "below", "unsure"], float]:
+    """Sequential one-proportion test of ``stat.rate`` against ``target``.
+
+    Returns the confident side (or "unsure") and the always-valid p-value of rate == target.
+    The variance is the null's, target (1 - target) / n, so zero observed failures
+    still carry evidence. Safe to evaluate after every new label.
+    """
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1), got {target}")
+    if stat.n == 0:
+        return "unsure", 1.0
+    lr = msprt_statistic(stat.successes / stat.n, target * (1 - target) / stat.n, mixture_sd, null=target)
+    p = min(1.0, 1.0 / lr)
+    if p > alpha:
+        return "unsure", p
+    return ("above" if stat.successes / stat.n > target else "below"), p
+
+
+# -- one-sided bounds and multiple comparisons ---------------------------------------
+
+def upper_bound(stat: ProportionStat, alpha: float = DEFAULT_ALPHA) -> float | None:
+    """One-sided (1 - alpha) Clopper-Pearson upper bound of the rate (exact, conservative)."""
+    if stat.n == 0:
+        return None
+    if stat.successes == stat.n:
+        return 1.0
+    return float(sps.beta.ppf(1 - alpha, stat.successes + 1, stat.n - stat.successes))
+
+
+def lower_bound(stat: ProportionStat, alpha: float = DEFAULT_ALPHA) -> float | None:
+    """One-sided (1 - alpha) Clopper-Pearson lower bound of the rate."""
+    if stat.n == 0:
+        return None
+    if stat.successes == 0:
+        return 0.0
+    return float(sps.beta.ppf(alpha, stat.successes, stat.n - stat.successes + 1))
+
+
+def holm_adjust(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone); None entries stay None."""
+    indexed = [(p, i) for i, p in enumerate(p_values) if p is not None and p == p]
+    m = len(indexed)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(indexed)):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
