@@ -81,6 +81,13 @@ class DashboardSettings(BaseModel):
     refresh_s: int = Field(5, ge=1)
     admin_token: SecretStr | None = None
     cost_per_call_usd: float = Field(0.002, ge=0)
+    """What one upstream model call costs; a cache hit saves it."""
+    tokens_per_call: int = Field(500, ge=0)
+    """Average prompt + completion tokens of an upstream call (tokens saved per hit)."""
+    embedding_cost_per_call_usd: float = Field(0.00001, ge=0)
+    """The cache's own cost per lookup (embedding the query), charged on every cached-arm request."""
+    target_false_hit_rate: float = Field(0.05, gt=0, lt=1)
+    """Default ceiling on the false-hit rate for auto-tuning and canaries."""
 
 
 class Settings(BaseSettings):
