@@ -319,6 +319,7 @@ class EventPublisher:
             producer.close(timeout=2.0 if graceful else 0)
         except Exception as exc:  # closing a broken producer may fail in many ways
             log.debug("producer close failed", extra={"error": str(exc)})
+            _force_close(producer)
 
     def _broker_reachable(self) -> bool:
         for server in self.kafka.bootstrap_servers.split(","):
@@ -340,3 +341,14 @@ def _first_error(futures: list) -> object:
         if f.is_done and f.failed():
             return f.exception
     return "not acknowledged in time"
+
+
+def _force_close(producer: KafkaProducer) -> None:
+    """Stop a producer whose close() gave up: kafka-python 3.0's close() flushes first and,
+    on a flush timeout, returns without stopping its sender thread, which would then
+    deliver the abandoned batches later (duplicating what was spooled)."""
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        sender.force_close()
+        sender.join(5)
+    producer._closed = True  # so __del__ does not retry the failing flush
