@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import uvicorn
+import yaml
 
 from infra.runtime import scache_home
 
@@ -53,10 +54,13 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.publisher import EventPublisher
     from cache_core.service.app import create_app
 
+    from cache_core.registry import ExperimentRegistry
+
     set_search_threads(1)
     try:
+        registry = ExperimentRegistry.from_file(settings.experiments_file)
         embedder = load_embedder(settings.cache)
-    except EmbedderError as exc:
+    except (EmbedderError, ValueError, yaml.YAMLError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
@@ -73,7 +77,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         log.info("cache service stopped", extra={"publisher": publisher.stats()})
 
     try:
-        app = create_app(settings, publisher, embedder, instance_id=instance_id,
+        app = create_app(settings, publisher, embedder, registry=registry, instance_id=instance_id,
                          shutdown_hooks=[shutdown])
         listener.append(ControlListener(settings.kafka, on_message=app.state.registry.apply))
         listener[0].start()

@@ -113,7 +113,11 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
     @app.post("/v1/feedback", status_code=202)
     def feedback(body: FeedbackRequest) -> dict:
         event = FeedbackEvent(request_id=body.request_id, verdict=body.verdict, source=body.source)
-        publisher.publish_feedback(event)
+        try:
+            publisher.publish_feedback(event)
+        except Exception:  # e.g. publisher closed during shutdown
+            log.exception("publish_feedback failed", extra={"request_id": body.request_id})
+            return JSONResponse(status_code=503, content={"detail": "feedback could not be queued"})
         metrics.feedback.labels(body.verdict).inc()
         return {"accepted": True, "request_id": body.request_id}
 
