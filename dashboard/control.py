@@ -1,15 +1,20 @@
-"""Control-panel logic, free of any UI: threshold pushes and what-if estimates.
+"""Control-panel logic, free of any UI: config pushes, canaries, rollback, what-if.
 
-A push reads the experiment's current config (the latest version on the compacted
-control topic, else the experiments file), validates the change, publishes the full
-new config with ``version + 1`` on the control topic (the cache applies it), and
-records it in ClickHouse: an audit row in ``threshold_changes`` and the new
+A push re-reads the experiment's current config right before publishing (the latest
+version on the compacted control topic, else the experiments file), refuses if it
+moved past the version the caller loaded (optimistic concurrency), applies one
+change (arm threshold, cluster threshold, canary start / promote / rollback, or a
+restore of an earlier config's thresholds), publishes the full new config with
+``version + 1`` on the control topic (the cache applies it), and records it in
+ClickHouse: one audit row per changed arm in ``threshold_changes`` and the new
 definition in ``experiments``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
@@ -17,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from cache_core.events import ControlMessage, now_ms
-from cache_core.experiments import ExperimentConfig, load_experiments
+from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig, load_experiments
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,25 @@ THRESHOLD_CHANGE_COLUMNS = [
     "old_version", "new_version", "reason", "canary_share", "config_json",
 ]
 EXPERIMENT_COLUMNS = ["experiment_id", "version", "config_json", "updated_by", "updated_at"]
+
+
+# Pushes from one dashboard process (every Streamlit session is a thread) are
+# serialised, so the re-read + publish below cannot interleave between sessions;
+# across processes the version check narrows the window to the publish itself.
+_PUSH_LOCK = threading.Lock()
+
+Change = Callable[[ExperimentConfig], ExperimentConfig]
+"""A pure edit of a config's arms (the version bump is done by publish_change)."""
+
+
+class VersionConflict(ValueError):
+    """The config moved on since the caller loaded it; nothing was published."""
+
+    def __init__(self, experiment_id: str, expected: int, current: ExperimentConfig) -> None:
+        super().__init__(
+            f"experiment {experiment_id!r} is now at config version {current.version} "
+            f"(by {current.updated_by}), not version {expected} you loaded; reload and try again")
+        self.current = current
 
 
 class AuditWriteError(RuntimeError):
@@ -76,71 +100,211 @@ def current_config(settings: Settings, experiment_id: str) -> ExperimentConfig:
     raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {known}")
 
 
-def with_threshold(config: ExperimentConfig, arm: str, new_threshold: float,
-                   actor: str, at_ms: int) -> ExperimentConfig:
-    """A copy of ``config`` with ``arm``'s threshold changed and the version bumped."""
-    threshold = validate_threshold(new_threshold)
+def _replace_arm(config: ExperimentConfig, arm: str, **fields) -> ExperimentConfig:
     names = [a.name for a in config.arms]
     if arm not in names:
         raise ValueError(f"experiment {config.experiment_id!r} has no arm {arm!r}; arms: {names}")
     data = config.model_dump()
     for arm_data in data["arms"]:
         if arm_data["name"] == arm:
-            arm_data["threshold"] = threshold
-    data.update(version=config.version + 1, updated_by=actor, updated_at_ms=at_ms)
+            arm_data.update(fields)
     return ExperimentConfig.model_validate(data)
+
+
+def _bumped(config: ExperimentConfig, version: int, actor: str, at_ms: int) -> ExperimentConfig:
+    return config.model_copy(update={"version": version, "updated_by": actor, "updated_at_ms": at_ms})
+
+
+def set_threshold(arm: str, threshold: float) -> Change:
+    """Change ``arm``'s threshold (its cluster thresholds and canary stay)."""
+    value = validate_threshold(threshold)
+    return lambda config: _replace_arm(config, arm, threshold=value)
+
+
+def set_cluster_threshold(arm: str, cluster: int, threshold: float | None) -> Change:
+    """Set (or with None, remove) ``arm``'s threshold for one intent cluster."""
+    if isinstance(cluster, bool) or not isinstance(cluster, int) or cluster < 0:
+        raise ValueError(f"intent cluster must be a non-negative integer, got {cluster!r}")
+    value = None if threshold is None else validate_threshold(threshold)
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        clusters = dict(config.arm(arm).cluster_thresholds) if arm in _names(config) else {}
+        if value is None:
+            clusters.pop(cluster, None)
+        else:
+            clusters[cluster] = value
+        return _replace_arm(config, arm, cluster_thresholds=clusters)
+    return change
+
+
+def start_canary(arm: str, threshold: float, share: float, target_false_hit_rate: float,
+                 at_ms: int) -> Change:
+    """Try ``threshold`` on a ``share`` of ``arm``'s units first (replaces a running canary)."""
+    canary = CanaryConfig(threshold=validate_threshold(threshold), share=_share(share),
+                          target_false_hit_rate=_target(target_false_hit_rate), started_at_ms=at_ms)
+    return lambda config: _replace_arm(config, arm, canary=canary.model_dump())
+
+
+def promote_canary(arm: str) -> Change:
+    """The canary's threshold becomes the arm's threshold; the canary ends."""
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        canary = _running_canary(config, arm)
+        return _replace_arm(config, arm, threshold=canary.threshold, canary=None)
+    return change
+
+
+def rollback_canary(arm: str) -> Change:
+    """End the canary; every unit of the arm goes back to the arm's threshold."""
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        _running_canary(config, arm)
+        return _replace_arm(config, arm, canary=None)
+    return change
+
+
+def restore_thresholds(previous: ExperimentConfig) -> Change:
+    """Thresholds and cluster thresholds of ``previous`` for every arm both configs have;
+    running canaries end (a rollback returns to a known state, not to an experiment)."""
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        for arm in config.arms:
+            if arm.name in _names(previous):
+                old = previous.arm(arm.name)
+                config = _replace_arm(config, arm.name, threshold=old.threshold,
+                                      cluster_thresholds=dict(old.cluster_thresholds), canary=None)
+        return config
+    return change
+
+
+def _names(config: ExperimentConfig) -> list[str]:
+    return [a.name for a in config.arms]
+
+
+def _running_canary(config: ExperimentConfig, arm: str) -> CanaryConfig:
+    if arm not in _names(config):
+        raise ValueError(f"experiment {config.experiment_id!r} has no arm {arm!r}; arms: {_names(config)}")
+    canary = config.arm(arm).canary
+    if canary is None:
+        raise ValueError(f"arm {arm!r} has no running canary")
+    return canary
+
+
+def _share(share: object) -> float:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise ValueError(f"canary share must be in (0, 1], got {share!r}")
+    return float(share)
+
+
+def _target(target: object) -> float:
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0.0 < target < 1.0:
+        raise ValueError(f"target false-hit rate must be in (0, 1), got {target!r}")
+    return float(target)
+
+
+def with_threshold(config: ExperimentConfig, arm: str, new_threshold: float,
+                   actor: str, at_ms: int) -> ExperimentConfig:
+    """A copy of ``config`` with ``arm``'s threshold changed and the version bumped."""
+    return _bumped(set_threshold(arm, new_threshold)(config), config.version + 1, actor, at_ms)
+
+
+def changed_arms(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """Arms whose threshold, cluster thresholds or canary differ between two configs."""
+    def key(arm: ArmConfig):
+        return arm.threshold, arm.cluster_thresholds, arm.canary
+    before = {a.name: key(a) for a in old.arms}
+    return [a.name for a in new.arms if before.get(a.name) != key(a)]
+
+
+def previous_config(history: pd.DataFrame, current: ExperimentConfig,
+                    fallback: ExperimentConfig | None = None) -> ExperimentConfig | None:
+    """The newest recorded config older than ``current`` (``queries.change_history`` rows),
+    else ``fallback`` (the experiments file) if it is older; None if there is none."""
+    if not history.empty:
+        older = history[history["new_version"] < current.version].sort_values("new_version")
+        for config_json in reversed(older["config_json"].tolist()):
+            if config_json:
+                return ExperimentConfig.model_validate(json.loads(config_json))
+    if fallback is not None and fallback.version < current.version:
+        return fallback
+    return None
 
 
 def audit_rows(message: ControlMessage, arm: str, old_threshold: float | None,
                old_version: int) -> tuple[list, list]:
-    """(threshold_changes row, experiments row) for a published change."""
+    """(threshold_changes row, experiments row) for a published change of ``arm``.
+
+    A running canary is recorded as the threshold being tried (new_threshold) and
+    its share (canary_share), so the time series marks when the canary started.
+    """
     config = message.experiment
     at = datetime.fromtimestamp(message.ts_ms / 1000, tz=timezone.utc)
     config_json = config.model_dump_json()
+    arm_config = config.arm(arm)
+    canary = arm_config.canary
+    new_threshold = canary.threshold if canary is not None else arm_config.threshold
     change = [at, config.experiment_id, arm, message.actor, old_threshold,
-              config.arm(arm).threshold, old_version, config.version, message.reason,
-              None, config_json]
+              new_threshold, old_version, config.version, message.reason,
+              canary.share if canary is not None else None, config_json]
     definition = [config.experiment_id, config.version, config_json, message.actor, at]
     return change, definition
 
 
-def record_change(client, message: ControlMessage, arm: str, old_threshold: float | None,
+def record_change(client, message: ControlMessage, arm: str | Sequence[str], old_threshold: float | None | dict,
                   old_version: int) -> None:
-    """Write the audit row and the new experiment definition to ClickHouse."""
-    change, definition = audit_rows(message, arm, old_threshold, old_version)
-    client.insert("threshold_changes", [change], column_names=THRESHOLD_CHANGE_COLUMNS)
+    """Write one audit row per changed arm and the new experiment definition to ClickHouse.
+
+    ``arm`` may be a list of arms, with ``old_threshold`` then a dict arm -> old threshold.
+    """
+    arms = [arm] if isinstance(arm, str) else list(arm)
+    olds = old_threshold if isinstance(old_threshold, dict) else {arms[0]: old_threshold}
+    rows = [audit_rows(message, a, olds.get(a), old_version) for a in arms]
+    if rows:
+        client.insert("threshold_changes", [r[0] for r in rows], column_names=THRESHOLD_CHANGE_COLUMNS)
+    _, definition = audit_rows(message, message.experiment.arms[0].name, None, old_version)
     client.insert("experiments", [definition], column_names=EXPERIMENT_COLUMNS)
 
 
-def push_threshold(settings: Settings, experiment_id: str, arm: str, new_threshold: float,
-                   actor: str, reason: str, *, client=None,
+def publish_change(settings: Settings, experiment_id: str, change: Change, actor: str, reason: str,
+                   *, expected_version: int | None, client=None,
                    clock: Callable[[], int] = now_ms) -> ControlMessage:
-    """Publish ``arm``'s new threshold as the next config version and audit it.
+    """Apply ``change`` to the live config and publish it as the next version, then audit it.
 
-    Raises ValueError for bad input (threshold outside [0, 1], unknown experiment
-    or arm, missing actor) before anything is published, and AuditWriteError if
-    the change went out but ClickHouse did not take the audit rows.
+    ``expected_version`` is the version the caller based the change on; if the
+    control topic has moved past it, VersionConflict is raised and nothing is
+    published (None skips the check, for scripts that want last-writer-wins).
+    Raises ValueError for bad input before anything is published, and
+    AuditWriteError if the change went out but ClickHouse did not take the audit rows.
     """
     from cache_core.chclient import connect
     from cache_core.control import publish_control
 
-    validate_threshold(new_threshold)
     actor, reason = _validate_actor(actor, reason)
-    current = current_config(settings, experiment_id)
-    at_ms = clock()
-    updated = with_threshold(current, arm, new_threshold, actor, at_ms)
-    message = ControlMessage(experiment=updated, actor=actor, reason=reason, ts_ms=at_ms)
-    publish_control(settings.kafka, message)
-    log.info("threshold pushed", extra={"experiment_id": experiment_id, "arm": arm,
-                                        "threshold": float(new_threshold), "version": updated.version,
-                                        "actor": actor})
+    with _PUSH_LOCK:
+        current = current_config(settings, experiment_id)  # re-read right before publishing
+        if expected_version is not None and current.version != expected_version:
+            raise VersionConflict(experiment_id, expected_version, current)
+        at_ms = clock()
+        updated = _bumped(change(current), current.version + 1, actor, at_ms)
+        arms = changed_arms(current, updated)
+        if not arms:
+            raise ValueError("the change leaves every arm as it is; nothing to push")
+        message = ControlMessage(experiment=updated, actor=actor, reason=reason, ts_ms=at_ms)
+        publish_control(settings.kafka, message)
+    log.info("config pushed", extra={"experiment_id": experiment_id, "arms": arms,
+                                     "version": updated.version, "actor": actor})
     try:
-        record_change(client if client is not None else connect(settings.clickhouse),
-                      message, arm, current.arm(arm).threshold, current.version)
+        record_change(client if client is not None else connect(settings.clickhouse), message, arms,
+                      {a: current.arm(a).threshold for a in arms}, current.version)
     except Exception as exc:  # the change is live either way; say so precisely
         log.error("audit write failed", extra={"experiment_id": experiment_id, "error": str(exc)})
         raise AuditWriteError(message, exc) from exc
     return message
+
+
+def push_threshold(settings: Settings, experiment_id: str, arm: str, new_threshold: float,
+                   actor: str, reason: str, *, client=None, expected_version: int | None = None,
+                   clock: Callable[[], int] = now_ms) -> ControlMessage:
+    """Publish ``arm``'s new threshold as the next config version and audit it (see publish_change)."""
+    return publish_change(settings, experiment_id, set_threshold(arm, new_threshold), actor, reason,
+                          expected_version=expected_version, client=client, clock=clock)
 
 
 # -- what-if ---------------------------------------------------------------------------
@@ -165,6 +329,8 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     if similarity_hist.empty:
         return pd.DataFrame(columns=columns)
     df = similarity_hist
+    if "guard_blocks" not in df:
+        df = df.assign(guard_blocks=0)
     passes = df["similarity_milli"].notna() & (df["similarity_milli"].fillna(-10**9) >= _min_bin(threshold, bin_width))
     est = (df["decisions"] - df["guard_blocks"]).where(passes, 0)
     out = pd.DataFrame({"arm": df["arm"], "decisions": df["decisions"], "observed_hits": df["hits"],

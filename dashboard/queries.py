@@ -90,7 +90,9 @@ TIMESERIES_SQL = f"""
 SELECT arm,
        toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}), 'UTC') AS bucket,
        sum(requests) AS requests,
-       sum(hits) AS hits
+       sum(hits) AS hits,
+       sum(latency_sum_ms) AS latency_sum_ms,
+       sumForEach(latency_hist) AS latency_hist
 FROM window_agg FINAL
 {_WINDOW_FILTER}
 GROUP BY arm, bucket
@@ -127,6 +129,7 @@ ORDER BY namespace
 # at SIMILARITY_BIN. A NULL bin is a lookup against an empty index: a miss at any threshold.
 SIMILARITY_HIST_SQL = """
 SELECT arm,
+       intent_cluster,
        toInt64(floor(similarity * 1000 + 1e-9)) AS similarity_milli,
        count() AS decisions,
        countIf(hit) AS hits,
@@ -137,8 +140,103 @@ WHERE event_type = 'decision'
   AND experiment_id = {experiment_id:String}
   AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
   AND ({namespace:String} = '' OR namespace = {namespace:String})
-GROUP BY arm, similarity_milli
-ORDER BY arm, similarity_milli
+GROUP BY arm, intent_cluster, similarity_milli
+ORDER BY arm, intent_cluster, similarity_milli
+"""
+
+# Feedback-labelled hits per similarity bin: the what-if false-hit rate at t counts
+# the labelled hits with similarity >= t. Both tables are replacing: FINAL on each.
+LABELLED_SIMILARITY_SQL = """
+SELECT e.arm AS arm,
+       e.intent_cluster AS intent_cluster,
+       toInt64(floor(e.similarity * 1000 + 1e-9)) AS similarity_milli,
+       countIf(f.verdict = 'correct') AS correct,
+       countIf(f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, arm, intent_cluster, similarity FROM events_raw FINAL
+    WHERE event_type = 'decision' AND decision = 'hit' AND similarity IS NOT NULL
+      AND experiment_id = {experiment_id:String}
+      AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
+      AND ({namespace:String} = '' OR namespace = {namespace:String})
+) AS e
+INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm, intent_cluster, similarity_milli
+ORDER BY arm, intent_cluster, similarity_milli
+"""
+
+_FEEDBACK_FILTER = _WINDOW_FILTER
+
+FALSE_HITS_SQL = f"""
+SELECT arm, variant, sum(correct) AS correct, sum(wrong) AS wrong
+FROM feedback_agg FINAL
+{_FEEDBACK_FILTER}
+GROUP BY arm, variant
+ORDER BY arm, variant
+"""
+
+FALSE_HITS_TIMESERIES_SQL = f"""
+SELECT arm,
+       toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}), 'UTC') AS bucket,
+       sum(correct) AS correct,
+       sum(wrong) AS wrong
+FROM feedback_agg FINAL
+{_FEEDBACK_FILTER}
+GROUP BY arm, bucket
+ORDER BY bucket, arm
+"""
+
+VARIANT_SUMMARY_SQL = f"""
+SELECT arm, variant, sum(requests) AS requests, sum(hits) AS hits
+FROM window_agg FINAL
+{_WINDOW_FILTER}
+GROUP BY arm, variant
+ORDER BY arm, variant
+"""
+
+# A canary vs its arm's base units since the canary started, by decision time,
+# from the raw tables so an earlier canary of the same arm never leaks in.
+CANARY_SQL = """
+SELECT e.variant AS variant,
+       count() AS decisions,
+       countIf(e.hit) AS hits,
+       countIf(f.verdict = 'correct') AS correct,
+       countIf(f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, variant, hit FROM events_raw FINAL
+    WHERE event_type = 'decision' AND decision IN ('hit', 'miss')
+      AND experiment_id = {experiment_id:String} AND arm = {arm:String}
+      AND ts_ms >= {since_ms:Int64}
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+GROUP BY variant
+ORDER BY variant
+"""
+
+LAST_CHANGES_SQL = """
+SELECT arm, max(ts) AS last_change, argMax(new_version, ts) AS version
+FROM threshold_changes
+WHERE experiment_id = {experiment_id:String}
+GROUP BY arm
+ORDER BY arm
+"""
+
+CHANGE_HISTORY_SQL = """
+SELECT ts, arm, actor, old_threshold, new_threshold, old_version, new_version,
+       reason, canary_share, config_json
+FROM threshold_changes
+WHERE experiment_id = {experiment_id:String}
+ORDER BY new_version DESC, ts DESC
+LIMIT {limit:UInt32}
+"""
+
+LATE_EVENTS_SQL = """
+SELECT arm, sum(late_count) AS late_events
+FROM late_events
+WHERE experiment_id = {experiment_id:String}
+  AND window_start >= fromUnixTimestamp64Milli({start_ms:Int64}, 'UTC')
+  AND window_start < fromUnixTimestamp64Milli({end_ms:Int64}, 'UTC')
+GROUP BY arm
+ORDER BY arm
 """
 
 THRESHOLD_CHANGES_SQL = """
@@ -171,9 +269,18 @@ _SUMS = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count
 COLUMNS: dict[str, list[str]] = {
     ARM_SUMMARY_SQL: ["arm", *_SUMS, "guard_blocks", "latency_sum_ms"],
     LATENCY_HIST_SQL: ["arm", "requests", "latency_hist"],
-    TIMESERIES_SQL: ["arm", "bucket", "requests", "hits"],
+    TIMESERIES_SQL: ["arm", "bucket", "requests", "hits", "latency_sum_ms", "latency_hist"],
     **{sql: ["arm", dim, *_SUMS] for dim, sql in BREAKDOWN_SQL.items()},
-    SIMILARITY_HIST_SQL: ["arm", "similarity_milli", "decisions", "hits", "guard_blocks"],
+    SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks"],
+    LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "correct", "wrong"],
+    FALSE_HITS_SQL: ["arm", "variant", "correct", "wrong"],
+    FALSE_HITS_TIMESERIES_SQL: ["arm", "bucket", "correct", "wrong"],
+    VARIANT_SUMMARY_SQL: ["arm", "variant", "requests", "hits"],
+    CANARY_SQL: ["variant", "decisions", "hits", "correct", "wrong"],
+    LAST_CHANGES_SQL: ["arm", "last_change", "version"],
+    CHANGE_HISTORY_SQL: ["ts", "arm", "actor", "old_threshold", "new_threshold", "old_version",
+                         "new_version", "reason", "canary_share", "config_json"],
+    LATE_EVENTS_SQL: ["arm", "late_events"],
     THRESHOLD_CHANGES_SQL: ["ts", "experiment_id", "arm", "old_threshold", "new_threshold",
                             "old_version", "new_version", "actor", "reason"],
     EXPERIMENTS_SQL: ["experiment_id", "version", "config_json"],
@@ -218,15 +325,82 @@ def latency_quantiles(client, filters: Filters,
     return df
 
 
-def hit_rate_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
-    """Per arm and time bucket (``bucket``, UTC): requests, hits, hit_rate."""
+def _check_bucket(bucket_s: int) -> None:
     if bucket_s < 1:
         raise ValueError(f"bucket_s must be >= 1, got {bucket_s}")
+
+
+def hit_rate_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
+    """Per arm and time bucket (``bucket``, UTC): requests, hits, hit_rate, mean and p50/p95 latency."""
+    _check_bucket(bucket_s)
     df = _frame(client, TIMESERIES_SQL, {**filters.parameters(), "bucket_s": int(bucket_s)})
     df = _with_hit_rate(df)
+    df["latency_mean_ms"] = (df["latency_sum_ms"] / df["requests"].astype("float64")).where(df["requests"] > 0)
+    for q in (0.5, 0.95):
+        df[f"p{round(q * 100):d}_ms"] = [histogram_quantile(list(h), q, LATENCY_BOUNDS_MS) if len(h) and sum(h) else None
+                                         for h in df["latency_hist"]]
+    if not df.empty:
+        df["bucket"] = pd.to_datetime(df["bucket"], utc=True)
+    return df.drop(columns=["latency_hist"])
+
+
+def _with_false_hit_rate(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    labelled = (df["correct"] + df["wrong"]).astype("float64")
+    df["labelled"] = labelled.astype("int64")
+    df["false_hit_rate"] = (df["wrong"].astype("float64") / labelled).where(labelled > 0)
+    return df
+
+
+def false_hits(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x variant: correct / wrong labelled hits (feedback_agg), labelled, false_hit_rate."""
+    return _with_false_hit_rate(_frame(client, FALSE_HITS_SQL, filters.parameters()))
+
+
+def false_hit_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
+    """Per arm and time bucket: correct, wrong, labelled, false_hit_rate."""
+    _check_bucket(bucket_s)
+    df = _with_false_hit_rate(_frame(client, FALSE_HITS_TIMESERIES_SQL,
+                                     {**filters.parameters(), "bucket_s": int(bucket_s)}))
     if not df.empty:
         df["bucket"] = pd.to_datetime(df["bucket"], utc=True)
     return df
+
+
+def variant_summary(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x variant (base / canary): requests, hits, hit_rate."""
+    return _with_hit_rate(_frame(client, VARIANT_SUMMARY_SQL, filters.parameters()))
+
+
+def labelled_similarity(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x intent cluster x similarity bin: feedback-labelled hits, correct and wrong."""
+    return _frame(client, LABELLED_SIMILARITY_SQL, filters.parameters())
+
+
+def canary_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.DataFrame:
+    """Per variant of ``arm`` since ``since_ms`` (decision time): decisions, hits, correct, wrong."""
+    return _frame(client, CANARY_SQL, {"experiment_id": experiment_id, "arm": arm, "since_ms": int(since_ms)})
+
+
+def last_changes(client, experiment_id: str) -> pd.DataFrame:
+    """Per arm: when its threshold last changed (any time) and the version it changed to."""
+    df = _frame(client, LAST_CHANGES_SQL, {"experiment_id": experiment_id})
+    if not df.empty:
+        df["last_change"] = pd.to_datetime(df["last_change"], utc=True)
+    return df
+
+
+def change_history(client, experiment_id: str, limit: int = 200) -> pd.DataFrame:
+    """The experiment's audit rows, newest version first, each with the config it produced."""
+    df = _frame(client, CHANGE_HISTORY_SQL, {"experiment_id": experiment_id, "limit": int(limit)})
+    if not df.empty:
+        df["ts"] = pd.to_datetime(df["ts"], utc=True)
+    return df
+
+
+def late_events(client, filters: Filters) -> pd.DataFrame:
+    """Per arm: events the job dropped as later than its allowed lateness."""
+    return _frame(client, LATE_EVENTS_SQL, filters.parameters())
 
 
 def breakdown(client, filters: Filters, dimension: Breakdown) -> pd.DataFrame:
@@ -246,7 +420,8 @@ def namespaces(client, experiment_id: str) -> list[str]:
 
 
 def similarity_histogram(client, filters: Filters) -> pd.DataFrame:
-    """Per arm x similarity bin (``similarity_milli``; NA = empty index): decisions, hits, guard blocks."""
+    """Per arm x intent cluster x similarity bin (``similarity_milli``; NA = empty index):
+    decisions, hits, guard blocks."""
     df = _frame(client, SIMILARITY_HIST_SQL, filters.parameters())
     df["similarity_milli"] = df["similarity_milli"].astype("Int64")
     return df

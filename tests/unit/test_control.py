@@ -103,3 +103,52 @@ def test_whatif_curve_is_monotone():
         rates = arm_curve.sort_values("threshold")["est_hit_rate"].tolist()
         assert rates == sorted(rates, reverse=True)
     assert set(curve["arm"]) == {"control", "treatment"}
+
+
+# -- change functions (pure) ----------------------------------------------------------
+
+def test_cluster_threshold_set_and_remove():
+    added = control.set_cluster_threshold("control", 5, 0.95)(CONFIG)
+    assert added.arm("control").cluster_thresholds == {5: 0.95}
+    removed = control.set_cluster_threshold("treatment", 3, None)(CONFIG)
+    assert removed.arm("treatment").cluster_thresholds == {}
+    with pytest.raises(ValueError, match="non-negative integer"):
+        control.set_cluster_threshold("control", -1, 0.9)
+
+
+def test_canary_start_promote_rollback():
+    started = control.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG)
+    canary = started.arm("treatment").canary
+    assert (canary.threshold, canary.share, canary.started_at_ms) == (0.76, 0.1, 99)
+    assert started.arm("treatment").threshold == 0.8
+    promoted = control.promote_canary("treatment")(started)
+    assert promoted.arm("treatment").threshold == 0.76 and promoted.arm("treatment").canary is None
+    rolled = control.rollback_canary("treatment")(started)
+    assert rolled.arm("treatment").threshold == 0.8 and rolled.arm("treatment").canary is None
+    with pytest.raises(ValueError, match="no running canary"):
+        control.promote_canary("control")(CONFIG)
+    with pytest.raises(ValueError, match="canary share"):
+        control.start_canary("treatment", 0.76, 0, 0.05, at_ms=1)
+
+
+def test_changed_arms_and_restore():
+    new = control.set_threshold("treatment", 0.7)(control.start_canary("control", 0.85, 0.2, 0.05, 1)(CONFIG))
+    assert control.changed_arms(CONFIG, new) == ["control", "treatment"]
+    restored = control.restore_thresholds(CONFIG)(new)
+    assert control.changed_arms(CONFIG, restored) == []
+
+
+def test_previous_config_from_history_then_file():
+    v5 = control.with_threshold(CONFIG, "treatment", 0.7, "a", 1)
+    v6 = control.with_threshold(v5, "treatment", 0.6, "a", 2)
+    history = pd.DataFrame({"new_version": [6, 5], "config_json": [v6.model_dump_json(), v5.model_dump_json()]})
+    assert control.previous_config(history, v6).version == 5
+    assert control.previous_config(history, v5, fallback=CONFIG).version == 4
+    assert control.previous_config(history.iloc[0:0], CONFIG, fallback=CONFIG) is None
+
+
+def test_canary_audit_row_records_share_and_tried_threshold():
+    started = control.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG).model_copy(update={"version": 5})
+    msg = ControlMessage(experiment=started, actor="bob", reason="canary", ts_ms=1_700_000_000_000)
+    row = dict(zip(control.THRESHOLD_CHANGE_COLUMNS, control.audit_rows(msg, "treatment", 0.8, 4)[0]))
+    assert (row["new_threshold"], row["canary_share"]) == (0.76, 0.1)
