@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import zlib
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -32,6 +33,8 @@ log = logging.getLogger("jobs.attribution_job")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JOB_NAME = "scache-attribution"
 SUBMITTED_MARKER = "attribution job submitted"
+RUNNING_MARKER = "attribution job running"
+RUNNING_TIMEOUT_S = 120.0
 SHIPPED_PACKAGES = ("udfs", "cache_core", "jobs")
 
 
@@ -148,11 +151,14 @@ def _sink_window_aggregates(t_env: StreamTableEnvironment, aggregates: Table,
 
 
 def _sink_raw_events(t_env: StreamTableEnvironment, raw: Table, settings: Settings) -> None:
+    # Micro-batches of raw_batch_s; a late event re-fires its batch (ReplacingMergeTree by
+    # request_id absorbs the repeat) until allowed_lateness_s, so lateness loses no raw row.
     request_id = clickhouse_sink.RAW_COLUMNS.index("request_id")
     shards = settings.flink.parallelism
     (t_env.to_data_stream(raw)
-        .key_by(lambda row: hash(row[request_id]) % shards, key_type=Types.INT())
+        .key_by(lambda row: zlib.crc32(row[request_id].encode()) % shards, key_type=Types.INT())
         .window(TumblingEventTimeWindows.of(Time.seconds(settings.flink.raw_batch_s)))
+        .allowed_lateness(settings.flink.allowed_lateness_s * 1000)
         .process(clickhouse_sink.events_raw_writer(settings.clickhouse), Types.STRING())
         .uid("events-raw-writer").name("events_raw -> ClickHouse")
         .print("scache-sink"))
@@ -223,8 +229,23 @@ def main() -> int:
                                       "topic": settings.kafka.events_topic,
                                       "window_s": settings.flink.window_s})
     print(f"{SUBMITTED_MARKER} job_id={job_id} submit_s={time.monotonic() - started:.1f}", flush=True)
+    status = wait_for_status(client, "RUNNING", RUNNING_TIMEOUT_S)
+    print(f"{RUNNING_MARKER} job_id={job_id} status={status} start_s={time.monotonic() - started:.1f}",
+          flush=True)
     client.get_job_execution_result().result()
     return 0
+
+
+def wait_for_status(client, wanted: str, timeout_s: float) -> str:
+    """Poll the job status until ``wanted`` (or a terminal state, or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    status = ""
+    while time.monotonic() < deadline:
+        status = str(client.get_job_status().result()).rsplit(".", 1)[-1]
+        if status in (wanted, "FAILED", "CANCELED", "FINISHED"):
+            break
+        time.sleep(0.2)
+    return status
 
 
 if __name__ == "__main__":

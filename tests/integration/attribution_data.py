@@ -45,7 +45,9 @@ def make_events(base_ms: int, window_s: int, n: int = 180, seed: int = 7,
             guard="negation" if (not hit and rng.random() < 0.1) else None,
             latency_ms=rng.choice(LATENCIES_MS),
         ))
-    return events
+    # In event-time order, as a cache produces them (the job drops events later than the
+    # watermark delay from its windows; see jobs/attribution_job.py).
+    return sorted(events, key=lambda e: e.ts_ms)
 
 
 def heartbeats(ts_ms: int, partitions: int) -> list[tuple[int, CacheEvent]]:
