@@ -82,3 +82,71 @@ def whatif_curve(curve: pd.DataFrame, candidate: float | None = None, *,
     rule = alt.Chart(pd.DataFrame({threshold_col: [candidate]})).mark_rule(
         color="red", strokeDash=[4, 4]).encode(x=f"{threshold_col}:Q")
     return alt.layer(lines, rule).properties(height=260)
+
+
+METRICS: dict[str, tuple[str, str]] = {
+    "hit_rate": ("hit rate", ".1%"),
+    "false_hit_rate": ("false-hit rate (labelled hits)", ".1%"),
+    "requests": ("requests", ",.0f"),
+    "p50_ms": ("latency p50 (ms)", ".1f"),
+    "p95_ms": ("latency p95 (ms)", ".1f"),
+}
+"""Time-series metrics: column -> (axis title, number format)."""
+
+
+def metric_over_time(df: pd.DataFrame, metric: str, changes: pd.DataFrame | None = None, *,
+                     time_col: str = "bucket", arm_col: str = "arm") -> alt.TopLevelMixin:
+    """One metric per arm over time, threshold changes as dashed rules (see METRICS)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {list(METRICS)}")
+    if metric == "hit_rate":
+        return hit_rate_over_time(df, changes, time_col=time_col, arm_col=arm_col)
+    title, fmt = METRICS[metric]
+    axis = RATE_AXIS if fmt.endswith("%") else alt.Axis()
+    lines = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X(f"{time_col}:T", title="window start (UTC)", scale=alt.Scale(type="utc"),
+                axis=alt.Axis(format="%H:%M")),
+        y=alt.Y(f"{metric}:Q", title=title, axis=axis),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        tooltip=[alt.Tooltip(f"{time_col}:T"), alt.Tooltip(f"{arm_col}:N"), alt.Tooltip(f"{metric}:Q", format=fmt)],
+    )
+    if changes is None or changes.empty:
+        return lines.properties(height=320)
+    rules = alt.Chart(changes).mark_rule(strokeDash=[4, 4], color="gray").encode(
+        x=alt.X("ts:T", scale=alt.Scale(type="utc")),
+        tooltip=[alt.Tooltip("ts:T", title="changed at"), alt.Tooltip("arm:N"),
+                 alt.Tooltip("new_threshold:Q", format=".3f"), alt.Tooltip("new_version:Q", title="version")])
+    return alt.layer(lines, rules).properties(height=320)
+
+
+def waterfall(steps: pd.DataFrame) -> alt.LayerChart:
+    """Waterfall of ``attribution.waterfall_frame``: totals as full bars, effects as floating steps."""
+    color = alt.Color("kind:N", title="", scale=alt.Scale(domain=["total", "mix", "rate"],
+                                                          range=["#4c78a8", "#f58518", "#54a24b"]))
+    x = alt.X("step:N", sort=alt.EncodingSortField("order"), title=None, axis=alt.Axis(labelAngle=-30, labelLimit=220))
+    bars = alt.Chart(steps).mark_bar(size=36).encode(
+        x=x, y=alt.Y("start:Q", title="hit rate", axis=RATE_AXIS), y2="end:Q", color=color,
+        tooltip=[alt.Tooltip("step:N"), alt.Tooltip("value:Q", format="+.2%", title="effect / rate")])
+    labels = alt.Chart(steps).mark_text(dy=-8).encode(
+        x=x, y=alt.Y("label_y:Q"), text=alt.Text("value:Q", format="+.1%"))
+    return alt.layer(bars, labels.transform_calculate(label_y="max(datum.start, datum.end)")).properties(height=340)
+
+
+def tuning_curve(candidates: pd.DataFrame, target: float, current: float | None = None,
+                 recommended: float | None = None) -> alt.LayerChart:
+    """Estimated hit rate and the false-hit upper bound per candidate threshold, the target as a rule."""
+    long = candidates.melt(id_vars=["threshold"], value_vars=["est_hit_rate", "false_hit_upper"],
+                           var_name="series", value_name="rate").dropna()
+    long["series"] = long["series"].map({"est_hit_rate": "estimated hit rate",
+                                         "false_hit_upper": "false-hit rate, upper bound"})
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("threshold:Q", scale=alt.Scale(zero=False)), y=alt.Y("rate:Q", axis=RATE_AXIS, title="rate"),
+        color=alt.Color("series:N", title=""),
+        tooltip=[alt.Tooltip("threshold:Q", format=".3f"), alt.Tooltip("series:N"), alt.Tooltip("rate:Q", format=".2%")])
+    layers = [lines, alt.Chart(pd.DataFrame({"rate": [target]})).mark_rule(color="red").encode(y="rate:Q")]
+    marks = [(current, "gray"), (recommended, "green")]
+    for value, colour in marks:
+        if value is not None:
+            layers.append(alt.Chart(pd.DataFrame({"threshold": [value]})).mark_rule(
+                color=colour, strokeDash=[4, 4]).encode(x="threshold:Q"))
+    return alt.layer(*layers).properties(height=260)

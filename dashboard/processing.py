@@ -6,7 +6,16 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
-from dashboard.stats import ProportionStat, SrmResult, diff_of_proportions, srm_check, wilson_interval
+from dashboard.stats import (
+    ProportionStat,
+    SrmResult,
+    bayes_compare,
+    diff_of_proportions,
+    holm_adjust,
+    sequential_path,
+    srm_check,
+    wilson_interval,
+)
 
 TIME_RANGES: dict[str, timedelta] = {
     "Last 15 minutes": timedelta(minutes=15),
@@ -46,23 +55,63 @@ def baseline_arm(arms: list[str], config: ExperimentConfig | None) -> str | None
     return candidates[0] if candidates else None
 
 
-def overview_frame(summary: pd.DataFrame, latency: pd.DataFrame,
-                   cost_per_call_usd: float = 0.0) -> pd.DataFrame:
-    """Per arm: requests, hits, hit rate with its 95% Wilson interval, latency quantiles."""
+def overview_frame(summary: pd.DataFrame, latency: pd.DataFrame, cost_per_call_usd: float = 0.0, *,
+                   tokens_per_call: int = 0, embedding_cost_usd: float = 0.0,
+                   false_hits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per arm: traffic share, hit rate with its 95% Wilson interval, false-hit rate with
+    its interval (labelled hits), latency quantiles, model calls, tokens and cost saved.
+
+    A hit saves one upstream call (``cost_per_call_usd``, ``tokens_per_call`` tokens);
+    every request of a cached arm pays the cache's own lookup (``embedding_cost_usd``),
+    so ``net_savings_usd`` can be negative for an arm that rarely hits. The holdout
+    bypasses the cache: no hits, no lookups.
+    """
     rows = []
     lat = latency.set_index("arm") if not latency.empty else pd.DataFrame()
+    labels = (false_hits.groupby("arm")[["correct", "wrong"]].sum()
+              if false_hits is not None and not false_hits.empty else pd.DataFrame())
+    total = int(summary["requests"].sum()) if not summary.empty else 0
     for r in summary.itertuples(index=False):
         ci = wilson_interval(ProportionStat(int(r.requests), int(r.hits)))
+        correct, wrong = (int(labels.at[r.arm, "correct"]), int(labels.at[r.arm, "wrong"])) \
+            if r.arm in labels.index else (0, 0)
+        fh = wilson_interval(ProportionStat(correct + wrong, wrong))
+        lookups = 0 if r.arm == HOLDOUT_ARM else int(r.requests)
+        savings = int(r.hits) * cost_per_call_usd
         rows.append({
-            "arm": r.arm, "requests": int(r.requests), "hits": int(r.hits),
+            "arm": r.arm, "traffic_share": int(r.requests) / total if total else None,
+            "requests": int(r.requests), "hits": int(r.hits),
             "hit_rate": ci.rate, "ci_low": ci.low, "ci_high": ci.high,
+            "labelled": correct + wrong, "false_hit_rate": fh.rate, "fh_low": fh.low, "fh_high": fh.high,
             "p50_ms": lat.at[r.arm, "p50_ms"] if r.arm in lat.index else None,
             "p95_ms": lat.at[r.arm, "p95_ms"] if r.arm in lat.index else None,
             "latency_mean_ms": r.latency_mean_ms, "similarity_mean": r.similarity_mean,
             "guard_blocks": int(r.guard_blocks),
-            "savings_usd": int(r.hits) * cost_per_call_usd,
+            "model_calls": int(r.requests) - int(r.hits),
+            "tokens_saved": int(r.hits) * tokens_per_call,
+            "savings_usd": savings,
+            "embedding_cost_usd": lookups * embedding_cost_usd,
+            "net_savings_usd": savings - lookups * embedding_cost_usd,
         })
     return pd.DataFrame(rows)
+
+
+def cumulative_paths(series: pd.DataFrame, arms: list[str]) -> dict[str, list[ProportionStat]]:
+    """Cumulative (requests, hits) per arm at each time bucket: the looks of a sequential test.
+
+    A bucket where an arm had no traffic repeats its previous totals.
+    """
+    if series.empty:
+        return {arm: [] for arm in arms}
+    wide = series.pivot_table(index="bucket", columns="arm", values=["requests", "hits"],
+                              aggfunc="sum", fill_value=0).sort_index().cumsum()
+    paths = {}
+    for arm in arms:
+        if ("requests", arm) not in wide:
+            paths[arm] = []
+            continue
+        paths[arm] = [ProportionStat(int(n), int(k)) for n, k in zip(wide[("requests", arm)], wide[("hits", arm)])]
+    return paths
 
 
 def format_p_value(p: float | None) -> str:
@@ -72,21 +121,61 @@ def format_p_value(p: float | None) -> str:
     return "<0.0001" if p < 0.0001 else f"{p:.4f}"
 
 
-def comparison_frame(summary: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Every non-holdout arm vs ``baseline``: difference in hit rate, 95% CI, p-value, status."""
+def comparison_frame(summary: pd.DataFrame, baseline: str,
+                     series: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every non-holdout arm vs ``baseline``: difference in hit rate with its 95% CI and
+    p-value (fixed horizon), the Bayesian chance to beat the baseline and expected loss,
+    and, given the time ``series``, the always-valid (mSPRT) p-value over its buckets."""
     stats = {r.arm: ProportionStat(int(r.requests), int(r.hits)) for r in summary.itertuples(index=False)}
     if baseline not in stats:
         return pd.DataFrame()
+    paths = cumulative_paths(series, list(stats)) if series is not None else {}
     rows = []
     for arm, stat in stats.items():
         if arm in (baseline, HOLDOUT_ARM):
             continue
         result = diff_of_proportions(stats[baseline], stat)
-        rows.append({"arm": arm, "vs": baseline, "diff": result.diff,
-                     "ci_low": result.ci_low, "ci_high": result.ci_high,
-                     "relative_lift": result.relative_lift, "p_value": result.p_value,
-                     "p": format_p_value(result.p_value), "status": result.status, "detail": result.detail})
+        bayes = bayes_compare(stats[baseline], stat)
+        row = {"arm": arm, "vs": baseline, "diff": result.diff,
+               "ci_low": result.ci_low, "ci_high": result.ci_high,
+               "relative_lift": result.relative_lift, "p_value": result.p_value,
+               "p": format_p_value(result.p_value), "status": result.status, "detail": result.detail,
+               "prob_beat": bayes.prob_treatment_better, "expected_loss": bayes.expected_loss_treatment}
+        if paths.get(arm) and paths.get(baseline):
+            seq = sequential_path(paths[baseline], paths[arm])
+            row.update(seq_p_value=seq.p_value, seq_p=format_p_value(seq.p_value),
+                       seq_low=seq.ci_low, seq_high=seq.ci_high,
+                       seq_verdict="significant" if seq.reject else "keep watching")
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def cluster_comparison(by_cluster: pd.DataFrame, baseline: str, arm: str,
+                       min_requests: int = 1) -> pd.DataFrame:
+    """Per intent cluster: ``arm`` vs ``baseline`` hit-rate difference, raw and Holm-adjusted p-values.
+
+    Holm controls the family-wise error over all clusters compared, so scanning dozens
+    of clusters does not turn noise into "significant" clusters.
+    """
+    columns = ["intent_cluster", "requests_base", "requests_arm", "diff", "p_value", "p_holm", "significant"]
+    rows = []
+    for cluster, cells in by_cluster.groupby("intent_cluster"):
+        base, other = cells[cells["arm"] == baseline], cells[cells["arm"] == arm]
+        if base.empty or other.empty:
+            continue
+        b = ProportionStat(int(base["requests"].sum()), int(base["hits"].sum()))
+        o = ProportionStat(int(other["requests"].sum()), int(other["hits"].sum()))
+        if min(b.n, o.n) < min_requests:
+            continue
+        result = diff_of_proportions(b, o)
+        rows.append({"intent_cluster": cluster, "requests_base": b.n, "requests_arm": o.n,
+                     "diff": result.diff, "p_value": result.p_value})
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    df = pd.DataFrame(rows)
+    df["p_holm"] = holm_adjust(df["p_value"].tolist())
+    df["significant"] = df["p_holm"].map(lambda p: p is not None and p < 0.05)
+    return df[columns]
 
 
 def srm_for(summary: pd.DataFrame, config: ExperimentConfig) -> SrmResult:

@@ -1,5 +1,6 @@
 """dashboard.charts: specs built from DataFrames, no Streamlit."""
 import pandas as pd
+import pytest
 
 from dashboard import charts
 
@@ -65,3 +66,20 @@ def test_whatif_curve_marks_candidate():
     spec = charts.whatif_curve(curve, candidate=0.85).to_dict()
     assert _marks(spec) == ["line", "rule"]
     assert _marks(charts.whatif_curve(curve).to_dict()) == ["line"]
+
+
+def test_waterfall_and_metric_and_tuning_charts():
+    from dashboard import attribution
+    df = pd.DataFrame([{"arm": a, "intent_cluster": c, "requests": 50, "hits": h}
+                       for a, c, h in [("A", 1, 10), ("A", 2, 30), ("B", 1, 20), ("B", 2, 30)]])
+    steps = attribution.waterfall_frame(attribution.decompose(df, "intent_cluster", "A", "B"))
+    spec = charts.waterfall(steps).to_dict()
+    assert spec["layer"][0]["mark"]["type"] == "bar"
+    assert spec["layer"][0]["encoding"]["y2"]["field"] == "end"
+    series = SERIES.assign(p95_ms=5.0)
+    assert charts.metric_over_time(series, "p95_ms", CHANGES).to_dict()["layer"][1]["mark"]["type"] == "rule"
+    with pytest.raises(ValueError, match="unknown metric"):
+        charts.metric_over_time(series, "nope")
+    cands = pd.DataFrame({"threshold": [0.8, 0.85], "est_hit_rate": [0.6, 0.5], "false_hit_upper": [0.08, 0.03]})
+    tuned = charts.tuning_curve(cands, 0.05, current=0.85, recommended=0.8).to_dict()
+    assert len(tuned["layer"]) == 4

@@ -61,3 +61,40 @@ def test_srm_uses_config_probabilities():
 def test_top_clusters_keeps_biggest():
     df = pd.DataFrame({"arm": ["a"] * 3, "intent_cluster": [1, 2, 3], "requests": [5, 50, 20]})
     assert processing.top_clusters(df, 2)["intent_cluster"].tolist() == [2, 3]
+
+
+def test_overview_costs_and_false_hits():
+    latency = pd.DataFrame({"arm": ["control", "treatment"], "p50_ms": [1.0, 2.0], "p95_ms": [3.0, 4.0]})
+    labels = pd.DataFrame({"arm": ["control", "treatment", "treatment"], "variant": ["base", "base", "canary"],
+                           "correct": [90, 45, 40], "wrong": [10, 5, 10]})
+    table = processing.overview_frame(SUMMARY, latency, 0.01, tokens_per_call=100, embedding_cost_usd=0.001,
+                                      false_hits=labels).set_index("arm")
+    row = table.loc["treatment"]
+    assert row["model_calls"] == row["requests"] - row["hits"]
+    assert row["tokens_saved"] == row["hits"] * 100
+    assert row["net_savings_usd"] == pytest.approx(row["hits"] * 0.01 - row["requests"] * 0.001)
+    assert row["false_hit_rate"] == pytest.approx(15 / 100) and row["labelled"] == 100
+    assert row["fh_low"] < 0.15 < row["fh_high"]
+    assert table["traffic_share"].sum() == pytest.approx(1.0)
+
+
+def test_comparison_with_bayes_and_sequential():
+    series = pd.DataFrame({"arm": ["control", "treatment"] * 3,
+                           "bucket": pd.to_datetime([1, 1, 2, 2, 3, 3], unit="m", utc=True),
+                           "requests": [400] * 6, "hits": [200, 260] * 3})
+    summary = series.groupby("arm", as_index=False)[["requests", "hits"]].sum()
+    cmp = processing.comparison_frame(summary, "control", series).set_index("arm")
+    assert cmp.at["treatment", "prob_beat"] > 0.999
+    assert cmp.at["treatment", "seq_verdict"] == "significant"
+    assert cmp.at["treatment", "seq_p_value"] >= cmp.at["treatment", "p_value"]
+
+
+def test_cluster_comparison_holm():
+    rows = []
+    for c in range(10):
+        rows += [{"arm": "control", "intent_cluster": c, "requests": 200, "hits": 100},
+                 {"arm": "treatment", "intent_cluster": c, "requests": 200, "hits": 100 + (60 if c == 0 else 22)}]
+    df = processing.cluster_comparison(pd.DataFrame(rows), "control", "treatment").set_index("intent_cluster")
+    assert bool(df.at[0, "significant"])
+    assert df.at[1, "p_value"] < 0.05 and not bool(df.at[1, "significant"])  # noise across 10 clusters
+    assert (df["p_holm"] >= df["p_value"]).all()

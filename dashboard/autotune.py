@@ -1,0 +1,206 @@
+"""Scheduled threshold tuning: evaluate running canaries, then recommend and push changes.
+
+One run, for every experiment (or the ones named):
+1. each arm with a canary: ``tuning.evaluate_canary`` on the canary's labelled hits
+   since it started; promote or roll back when the verdict is confident;
+2. each arm (and, with ``--clusters``, each intent cluster) without a canary:
+   ``tuning.recommend`` over the lookback window; an arm-level change goes out as a
+   canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
+   change directly. Every push uses the version just read (optimistic concurrency)
+   and lands in the audit table, so the cool-down applies to the next run.
+
+CLI (any scheduler can run it)::
+
+    python -m dashboard.autotune --once [--experiment threshold-ab] [--dry-run]
+    python -m dashboard.autotune --every 300 --target 0.03 --clusters
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from cache_core.events import now_ms
+from cache_core.experiments import ExperimentConfig, load_experiments
+from cache_core.settings import Settings, get_settings
+from dashboard import control, queries, tuning
+from dashboard.stats import ProportionStat
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOOKBACK_S = 6 * 3600
+DEFAULT_CANARY_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class TuneAction:
+    """What one run did (or, dry, would do) for one arm / cluster."""
+
+    experiment_id: str
+    arm: str
+    cluster: int | None
+    kind: Literal["canary", "recommendation"]
+    action: str
+    """promote / rollback / continue for canaries; change / hold for recommendations."""
+    reason: str
+    applied: bool
+    version: int | None = None
+    """The config version published, when applied."""
+    threshold: float | None = None
+
+
+def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
+    """Labelled hits (n, wrong) of the arm's canary units since the canary started."""
+    df = queries.canary_stats(client, experiment_id, arm, since_ms)
+    row = df[df["variant"] == "canary"]
+    if row.empty:
+        return ProportionStat(0, 0)
+    correct, wrong = int(row["correct"].iloc[0]), int(row["wrong"].iloc[0])
+    return ProportionStat(correct + wrong, wrong)
+
+
+def _push(settings: Settings, config: ExperimentConfig, change: control.Change, actor: str, reason: str,
+          client, clock) -> ExperimentConfig:
+    message = control.publish_change(settings, config.experiment_id, change, actor, reason,
+                                     expected_version=config.version, client=client, clock=clock)
+    return message.experiment
+
+
+def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.Guardrails, *, client,
+                    apply: bool = True, actor: str = "autotune", lookback_s: float = DEFAULT_LOOKBACK_S,
+                    clusters: bool = False, canary_share: float = DEFAULT_CANARY_SHARE,
+                    canary_method: Literal["sequential", "bound"] = "sequential",
+                    clock: Callable[[], int] = now_ms) -> list[TuneAction]:
+    """One auto-tune pass over one experiment (see the module docstring)."""
+    config = control.current_config(settings, experiment_id)
+    actions: list[TuneAction] = []
+    touched: set[str] = set()
+    for arm in config.arms:
+        if arm.canary is None:
+            continue
+        decision = tuning.evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name,
+                                                                    arm.canary.started_at_ms),
+                                          min_labelled=guardrails.min_labelled, alpha=guardrails.alpha,
+                                          method=canary_method)
+        applied = apply and decision.action != "continue"
+        if applied:
+            change = control.promote_canary(arm.name) if decision.action == "promote" else control.rollback_canary(arm.name)
+            config = _push(settings, config, change, actor, f"canary {decision.action}: {decision.reason}", client, clock)
+            touched.add(arm.name)
+        actions.append(TuneAction(experiment_id, arm.name, None, "canary", decision.action, decision.reason,
+                                  applied, config.version if applied else None, arm.canary.threshold))
+    now = clock()
+    end = datetime.fromtimestamp(now / 1000, tz=timezone.utc)
+    filters = queries.Filters(experiment_id, end - timedelta(seconds=lookback_s), end + timedelta(seconds=1))
+    last = queries.last_changes(client, experiment_id)
+    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters),
+                                           queries.labelled_similarity(client, filters), guardrails,
+                                           now_ms=now, last_change_ms=last_ms, clusters=clusters)
+    for rec in recommendations:
+        if rec.arm in touched and rec.action == "change":
+            rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
+                                        "cool-down: this arm changed earlier in this run")
+        applied = apply and rec.action == "change"
+        if applied:
+            reason = f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
+            if rec.cluster is not None:
+                change = control.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
+            elif canary_share > 0:
+                change = control.start_canary(rec.arm, rec.recommended, canary_share,
+                                              guardrails.target_false_hit_rate, at_ms=clock())
+            else:
+                change = control.set_threshold(rec.arm, rec.recommended)
+            config = _push(settings, config, change, actor, reason, client, clock)
+            touched.add(rec.arm)
+        actions.append(TuneAction(experiment_id, rec.arm, rec.cluster, "recommendation", rec.action, rec.reason,
+                                  applied, config.version if applied else None, rec.recommended))
+    return actions
+
+
+def known_experiments(settings: Settings) -> list[str]:
+    """Experiment ids on the control topic or in the experiments file."""
+    from cache_core.control import read_latest_configs
+    ids = set(read_latest_configs(settings.kafka))
+    try:
+        ids |= set(load_experiments(settings.experiments_file))
+    except ValueError:
+        pass
+    return sorted(ids)
+
+
+def run_once(settings: Settings, guardrails: tuning.Guardrails, experiment_ids: Iterable[str] | None = None,
+             **options) -> list[TuneAction]:
+    """``tune_experiment`` for each experiment; one failing experiment does not stop the rest."""
+    from cache_core.chclient import connect
+    client = options.pop("client", None) or connect(settings.clickhouse)
+    actions: list[TuneAction] = []
+    for experiment_id in experiment_ids or known_experiments(settings):
+        try:
+            actions += tune_experiment(settings, experiment_id, guardrails, client=client, **options)
+        except (ValueError, control.AuditWriteError) as exc:
+            log.warning("auto-tune skipped an experiment", extra={"experiment_id": experiment_id, "error": str(exc)})
+            actions.append(TuneAction(experiment_id, "", None, "recommendation", "error", str(exc), False))
+    return actions
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dashboard.autotune", description=__doc__.split("\n\n")[0])
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--once", action="store_true", help="run one pass and exit")
+    when.add_argument("--every", type=float, metavar="SECONDS", help="run a pass every SECONDS until stopped")
+    p.add_argument("--experiment", action="append", help="only this experiment (repeatable)")
+    p.add_argument("--target", type=float, default=None, help="false-hit rate ceiling (default: settings)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--min-decisions", type=int, default=200)
+    p.add_argument("--min-labelled", type=int, default=30)
+    p.add_argument("--max-step", type=float, default=0.03)
+    p.add_argument("--cooldown-s", type=float, default=1800)
+    p.add_argument("--lookback-s", type=float, default=DEFAULT_LOOKBACK_S)
+    p.add_argument("--clusters", action="store_true", help="also tune per intent cluster")
+    p.add_argument("--canary-share", type=float, default=DEFAULT_CANARY_SHARE,
+                   help="share of an arm's units that try a change first (0: push directly)")
+    p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
+    p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
+    p.add_argument("--actor", default="autotune")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = get_settings()
+    try:
+        guardrails = tuning.Guardrails(
+            target_false_hit_rate=args.target if args.target is not None else settings.dashboard.target_false_hit_rate,
+            alpha=args.alpha, min_decisions=args.min_decisions, min_labelled=args.min_labelled,
+            max_step=args.max_step, cooldown_s=args.cooldown_s)
+        if not 0 <= args.canary_share <= 1:
+            raise ValueError(f"--canary-share must be in [0, 1], got {args.canary_share}")
+        if args.every is not None and args.every <= 0:
+            raise ValueError(f"--every must be positive, got {args.every}")
+    except ValueError as exc:
+        print(f"autotune: {exc}", file=sys.stderr)
+        return 2
+    options = dict(apply=not args.dry_run, actor=args.actor, lookback_s=args.lookback_s, clusters=args.clusters,
+                   canary_share=args.canary_share, canary_method=args.canary_method)
+    while True:
+        try:
+            for action in run_once(settings, guardrails, args.experiment, **options):
+                print(json.dumps(asdict(action)), flush=True)
+        except Exception as exc:  # broker or warehouse down: say so; a scheduled loop keeps going
+            print(f"autotune: run failed: {exc}", file=sys.stderr, flush=True)
+            if args.once:
+                return 1
+        if args.once:
+            return 0
+        time.sleep(args.every)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
