@@ -9,8 +9,13 @@ a scoped lookup searches only its scope (a follow-up such as "what about it?"
 depends on its conversation, so neither another conversation's entries nor
 global ones may answer it); an unscoped lookup searches only unscoped entries.
 
-Decision. Hit iff the best *live* candidate's cosine similarity is >= the arm's
-threshold for the query's intent cluster. Holdout units bypass the cache.
+Decision. Hit iff a *live* candidate's cosine similarity is >= the arm's
+threshold for the query's intent cluster and variant (canary units of an arm
+use the canary's threshold but read the arm's partition: a canary tests a
+threshold, not a cache). Holdout units bypass the cache. The arm's lexical
+guards (cache_core.guards) may veto the best candidate; the next candidate
+above the threshold is then tried, and if none passes the lookup is a miss
+with ``guard`` naming the guard that blocked the best one.
 
 Lifetime. ``absolute``: alive until created_at + ttl. ``sliding``: every hit
 renews the ttl, but never past created_at + max_age_s. Expired entries are
@@ -43,7 +48,8 @@ import numpy as np
 from cache_core.clusters import OnlineClusters
 from cache_core.embedder import Embedder
 from cache_core.events import CacheEvent
-from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, assign
+from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
+from cache_core.guards import first_conflict
 from cache_core.index import IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry
 
@@ -115,6 +121,9 @@ class LookupResult:
     entry_id: str | None
     event: CacheEvent
     provenance: dict[str, str] | None = None
+    variant: str = "base"
+    guard: str | None = None
+    """The lexical guard that turned a would-be hit into this miss."""
 
 
 @dataclass
@@ -149,6 +158,8 @@ class Candidate:
 @dataclass
 class SearchOutcome:
     best: Candidate | None
+    candidates: list[Candidate] = field(default_factory=list)
+    """Every live candidate found, best first (``best`` is the first)."""
     ann_checked: bool = False
     ann_agree: bool | None = None
     ann_recall_at_k: float | None = None
@@ -172,6 +183,8 @@ class Partition:
         self.bytes = 0
         self.evictions = 0
         self.expirations = 0
+        self.journal = None
+        """Persistence hook (cache_core.persistence.Journal): told of every insert and removal."""
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -206,7 +219,8 @@ class Partition:
         outcome = SearchOutcome(best=None)
         if check_ann:
             outcome = self._ann_check(index, vec, k, raw)
-        outcome.best = self._best_alive(index, vec, raw, now, k)
+        outcome.candidates = self._alive(index, vec, raw, now, k)
+        outcome.best = outcome.candidates[0] if outcome.candidates else None
         return outcome
 
     @staticmethod
@@ -220,23 +234,24 @@ class Partition:
         recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
         return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
 
-    def _best_alive(self, index: VectorIndex, vec: np.ndarray, raw: list[tuple[str, float]],
-                    now: float, k: int) -> Candidate | None:
+    def _alive(self, index: VectorIndex, vec: np.ndarray, raw: list[tuple[str, float]],
+               now: float, k: int) -> list[Candidate]:
         for _attempt in range(3):
-            expired = False
+            expired, live = False, []
             for entry_id, sim in raw:
                 entry = self.entries.get(entry_id)
                 if entry is None:
                     continue
                 if entry.alive(now):
-                    return Candidate(entry, sim)
+                    live.append(Candidate(entry, sim))
+                    continue
                 self.remove(entry_id)
                 self.expirations += 1
                 expired = True
-            if not expired or len(index) == 0:
-                return None
+            if live or not expired or len(index) == 0:
+                return live
             raw = index.search(vec, k)  # the expired ones are gone; look again
-        return None
+        return []
 
     def nearest_alive(self, vec: np.ndarray, scope: str | None, now: float) -> Candidate | None:
         return self.search(vec, scope, now, check_ann=False).best
@@ -253,15 +268,21 @@ class Partition:
         return self.entries.get(entry_id) if entry_id else None
 
     def insert(self, entry: CacheEntry) -> None:
+        if entry.entry_id in self.entries:  # a replayed log record: replace, do not double count
+            self.remove(entry.entry_id)
         self.entries[entry.entry_id] = entry
         self.by_text[(entry.scope or "", _text_key(entry.query))] = entry.entry_id
         self.bytes += entry.approx_bytes
         self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+        if self.journal is not None:
+            self.journal.record_put(self.key, entry)
 
     def remove(self, entry_id: str) -> CacheEntry | None:
         entry = self.entries.pop(entry_id, None)
         if entry is None:
             return None
+        if self.journal is not None:
+            self.journal.record_remove(self.key, entry_id)
         self.bytes -= entry.approx_bytes
         text_key = (entry.scope or "", _text_key(entry.query))
         if self.by_text.get(text_key) == entry_id:
@@ -314,6 +335,7 @@ class _Request:
     cluster: int
     embed_ms: float
     started: float
+    variant: Variant = "base"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -354,25 +376,26 @@ class SemanticCache:
         if req.arm_name == "holdout":
             return self._finish_bypass(req, query, unit_id, namespace)
         arm = req.experiment.arm(req.arm_name)
-        threshold = arm.threshold_for(req.cluster)
+        threshold = arm.threshold_for(req.cluster, req.variant)
         partition = self._partition(namespace, req.experiment, arm)
         check_ann = self._sample(arm.ann_check_rate)
         search_started = time.perf_counter()
         with partition.lock:
             now = self.clock()
             outcome = partition.search(req.vec, scope, now, check_ann)
-            best = outcome.best
-            hit = best is not None and best.similarity >= threshold
+            served, guard = self._decide(query, outcome, threshold, arm.guards)
+            hit = served is not None
             if hit:
-                partition.touch(best.entry, now)
-            snapshot = self._entry_snapshot(best, now)
+                partition.touch(served.entry, now)
+            shown = served or outcome.best
+            snapshot = self._entry_snapshot(shown, now)
         search_ms = (time.perf_counter() - search_started) * 1000
         event = self._event(req, query, unit_id, namespace, decision="hit" if hit else "miss",
-                            threshold=threshold, similarity=best.similarity if best else None,
+                            threshold=threshold, similarity=shown.similarity if shown else None,
                             index_kind=partition.spec.kind, search_ms=search_ms, outcome=outcome,
-                            **snapshot)
+                            guard=guard, **snapshot)
         self._emit(event)
-        entry = best.entry if hit else None
+        entry = served.entry if hit else None
         return LookupResult(
             request_id=req.request_id, decision=event.decision, hit=hit,
             answer=entry.answer if entry else None, similarity=event.similarity,
@@ -380,8 +403,23 @@ class SemanticCache:
             config_version=req.experiment.version, intent_cluster=req.cluster,
             entry_id=entry.entry_id if entry else None, event=event,
             provenance={"source": entry.provenance_source, "version": entry.provenance_version}
-            if entry else None,
+            if entry else None, variant=req.variant, guard=guard,
         )
+
+    @staticmethod
+    def _decide(query: str, outcome: SearchOutcome, threshold: float,
+                guards: list[str]) -> tuple[Candidate | None, str | None]:
+        """(candidate served, guard that blocked the best one). Candidates come best
+        first, so the first above the threshold that every guard lets pass is served."""
+        blocked_by = None
+        for candidate in outcome.candidates:
+            if candidate.similarity < threshold:
+                break
+            guard = first_conflict(query, candidate.entry.query, guards)
+            if guard is None:
+                return candidate, None
+            blocked_by = blocked_by or guard
+        return None, blocked_by
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,
@@ -446,7 +484,7 @@ class SemanticCache:
         return _Request(experiment=experiment, arm_name=assignment.arm,
                         assignment_prob=assignment.probability, vec=vec, l2_norm=float(norms[0]),
                         cluster=self.clusters.assign(vec, update=update_clusters),
-                        embed_ms=embed_ms, started=started)
+                        embed_ms=embed_ms, started=started, variant=assignment.variant)
 
     def _partition(self, namespace: str, experiment: ExperimentConfig, arm: ArmConfig) -> Partition:
         shared = experiment.partition_mode == "shared"
@@ -533,26 +571,26 @@ class SemanticCache:
     def _finish_bypass(self, req: _Request, query: str, unit_id: str, namespace: str) -> LookupResult:
         event = self._event(req, query, unit_id, namespace, decision="bypass", threshold=None,
                             similarity=None, index_kind="none", search_ms=0.0,
-                            outcome=SearchOutcome(best=None), entry_id=None, entry_age_s=None,
-                            entry_ttl_s=None)
+                            outcome=SearchOutcome(best=None), guard=None, entry_id=None,
+                            entry_age_s=None, entry_ttl_s=None)
         self._emit(event)
         return LookupResult(
             request_id=req.request_id, decision="bypass", hit=False, answer=None, similarity=None,
             threshold=None, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             config_version=req.experiment.version, intent_cluster=req.cluster, entry_id=None,
-            event=event,
+            event=event, variant=req.variant,
         )
 
     def _event(self, req: _Request, query: str, unit_id: str, namespace: str, *, decision: str,
                threshold: float | None, similarity: float | None, index_kind: str,
-               search_ms: float, outcome: SearchOutcome, entry_id: str | None,
+               search_ms: float, outcome: SearchOutcome, guard: str | None, entry_id: str | None,
                entry_age_s: float | None, entry_ttl_s: float | None) -> CacheEvent:
         return CacheEvent(
             request_id=req.request_id, ts_ms=int(self.clock() * 1000), instance_id=self.instance_id,
             namespace=namespace, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             unit_id=unit_id, assignment_prob=req.assignment_prob,
             partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
-            decision=decision, hit=decision == "hit", threshold=threshold, similarity=similarity,
+            variant=req.variant, guard=guard, decision=decision, hit=decision == "hit", threshold=threshold, similarity=similarity,
             intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, entry_id=entry_id,
             entry_age_s=entry_age_s, entry_ttl_s=entry_ttl_s, index_kind=index_kind,
             ann_checked=outcome.ann_checked, ann_agree=outcome.ann_agree,
