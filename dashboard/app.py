@@ -17,10 +17,13 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard
 
 import streamlit as st
 
-from cache_core.experiments import ExperimentConfig
+from cache_core.events import now_ms
+from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
 from cache_core.settings import Settings, get_settings
-from dashboard import charts, control, data, processing
+from dashboard import attribution as attribution_mod
+from dashboard import autotune, charts, control, data, processing, tuning
 from dashboard.queries import Filters
+from dashboard.stats import ProportionStat
 
 ALL_NAMESPACES = "(all namespaces)"
 NO_DATA = "No data yet for this experiment and time range — traffic shows up here once the attribution job writes its first window."
@@ -64,47 +67,89 @@ def sidebar(settings: Settings) -> View | None:
                 data.experiment_configs(settings).get(experiment_id))
 
 
+def optional(view: View, name: str, *args):
+    """A query over a table another component creates (feedback, late events): None if absent."""
+    try:
+        return data.run(view.settings, name, *args)
+    except Exception as exc:  # table not there yet (older warehouse): the page works without it
+        st.caption(f"({name} unavailable: {str(exc).splitlines()[0][:160]})")
+        return None
+
+
+def bucket_for(view: View) -> int:
+    return processing.bucket_seconds(view.filters.start, view.filters.end, view.settings.flink.window_s)
+
+
 def overview(view: View) -> None:
     summary = data.run(view.settings, "arm_summary", view.filters)
     if summary.empty or summary["requests"].sum() == 0:
         st.info(NO_DATA)
         return
     latency = data.run(view.settings, "latency_quantiles", view.filters)
-    table = processing.overview_frame(summary, latency, view.settings.dashboard.cost_per_call_usd)
+    false_hits = optional(view, "false_hits", view.filters)
+    dash = view.settings.dashboard
+    table = processing.overview_frame(summary, latency, dash.cost_per_call_usd, tokens_per_call=dash.tokens_per_call,
+                                      embedding_cost_usd=dash.embedding_cost_per_call_usd, false_hits=false_hits)
     total_requests, total_hits = int(table["requests"].sum()), int(table["hits"].sum())
-    cols = st.columns(3)
+    cols = st.columns(4)
     cols[0].metric("Requests", f"{total_requests:,}")
     cols[1].metric("Hit rate", f"{total_hits / total_requests:.1%}")
-    cols[2].metric("Est. upstream savings", f"${table['savings_usd'].sum():,.2f}")
+    cols[2].metric("Model calls saved", f"{total_hits:,}")
+    cols[3].metric("Net savings", f"${table['net_savings_usd'].sum():,.2f}")
+    srm_section(view, summary)
     st.subheader("Per arm")
-    st.dataframe(table, hide_index=True, column_config={
-        "hit_rate": st.column_config.NumberColumn("hit rate", format="percent"),
-        "ci_low": st.column_config.NumberColumn("95% CI low", format="percent"),
-        "ci_high": st.column_config.NumberColumn("95% CI high", format="percent"),
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(table, hide_index=True, column_order=[
+        "arm", "traffic_share", "requests", "hit_rate", "ci_low", "ci_high", "false_hit_rate", "fh_low", "fh_high",
+        "labelled", "p50_ms", "p95_ms", "model_calls", "tokens_saved", "savings_usd", "embedding_cost_usd",
+        "net_savings_usd"], column_config={
+        "traffic_share": pct("traffic share"), "hit_rate": pct("hit rate"),
+        "ci_low": pct("95% CI low"), "ci_high": pct("95% CI high"),
+        "false_hit_rate": pct("false-hit rate"), "fh_low": pct("FH 95% low"), "fh_high": pct("FH 95% high"),
         "p50_ms": st.column_config.NumberColumn("p50 ms", format="%.1f"),
         "p95_ms": st.column_config.NumberColumn("p95 ms", format="%.1f"),
-        "latency_mean_ms": st.column_config.NumberColumn("mean ms", format="%.1f"),
-        "similarity_mean": st.column_config.NumberColumn("mean similarity", format="%.3f"),
-        "savings_usd": st.column_config.NumberColumn("savings", format="$%.2f"),
+        "savings_usd": st.column_config.NumberColumn("saved", format="$%.2f"),
+        "embedding_cost_usd": st.column_config.NumberColumn("embedding cost", format="$%.4f"),
+        "net_savings_usd": st.column_config.NumberColumn("net saved", format="$%.2f"),
     })
+    st.caption(f"A hit saves one model call (${dash.cost_per_call_usd:g}, {dash.tokens_per_call} tokens); every "
+               f"cached-arm lookup costs ${dash.embedding_cost_per_call_usd:g} of embedding. False-hit rate: wrong "
+               "verdicts among feedback-labelled hits.")
     st.altair_chart(charts.rate_with_interval(table), use_container_width=True)
     comparison_section(view, summary)
+    variants = optional(view, "variant_summary", view.filters)
+    if variants is not None and (variants["variant"] == "canary").any():
+        st.subheader("Canary vs base units")
+        st.dataframe(variants, hide_index=True)
 
 
 def comparison_section(view: View, summary) -> None:
     baseline = processing.baseline_arm(list(summary["arm"]), view.config)
-    comparison = processing.comparison_frame(summary, baseline) if baseline else None
-    if comparison is not None and not comparison.empty:
-        st.subheader(f"Difference vs {baseline}")
-        st.dataframe(comparison, hide_index=True, column_order=[
-            "arm", "vs", "diff", "ci_low", "ci_high", "relative_lift", "p", "status", "detail",
-        ], column_config={
-            "diff": st.column_config.NumberColumn("Δ hit rate", format="percent"),
-            "ci_low": st.column_config.NumberColumn("95% CI low", format="percent"),
-            "ci_high": st.column_config.NumberColumn("95% CI high", format="percent"),
-            "relative_lift": st.column_config.NumberColumn("relative lift", format="percent"),
-            "p": st.column_config.TextColumn("p-value"),
-        })
+    if not baseline:
+        return
+    series = data.run(view.settings, "hit_rate_timeseries", view.filters, bucket_for(view))
+    comparison = processing.comparison_frame(summary, baseline, series)
+    if comparison.empty:
+        return
+    st.subheader(f"Difference vs {baseline}")
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(comparison, hide_index=True, column_order=[
+        "arm", "vs", "diff", "ci_low", "ci_high", "p", "prob_beat", "expected_loss", "seq_p", "seq_low",
+        "seq_high", "seq_verdict", "status"], column_config={
+        "diff": pct("Δ hit rate"), "ci_low": pct("95% CI low"), "ci_high": pct("95% CI high"),
+        "p": st.column_config.TextColumn("p (fixed horizon)"),
+        "prob_beat": pct("P(beats control)"),
+        "expected_loss": st.column_config.NumberColumn("expected loss", format="%.5f"),
+        "seq_p": st.column_config.TextColumn("always-valid p"),
+        "seq_low": pct("always-valid CI low"), "seq_high": pct("always-valid CI high"),
+        "seq_verdict": st.column_config.TextColumn("sequential"),
+    })
+    st.caption("Fixed-horizon z-test (valid once, at a planned sample size); Beta(1,1)-Binomial posterior; "
+               "mSPRT with a N(0, 0.05²) mixture over every refresh bucket — the always-valid p-value is the one "
+               "to watch all day.")
+
+
+def srm_section(view: View, summary) -> None:
     if view.config is None:
         st.caption("Sample-ratio check skipped: no definition for this experiment.")
         return
@@ -120,13 +165,19 @@ def comparison_section(view: View, summary) -> None:
 
 
 def time_series(view: View) -> None:
-    bucket_s = processing.bucket_seconds(view.filters.start, view.filters.end, view.settings.flink.window_s)
+    bucket_s = bucket_for(view)
     series = data.run(view.settings, "hit_rate_timeseries", view.filters, bucket_s)
     if series.empty:
         st.info(NO_DATA)
         return
+    labels = optional(view, "false_hit_timeseries", view.filters, bucket_s)
+    if labels is not None and not labels.empty:
+        series = series.merge(labels[["arm", "bucket", "false_hit_rate"]], on=["arm", "bucket"], how="left")
+    else:
+        series = series.assign(false_hit_rate=None)
+    metric = st.selectbox("Metric", list(charts.METRICS), format_func=lambda m: charts.METRICS[m][0], key="ts_metric")
     changes = data.run(view.settings, "threshold_changes", view.filters)
-    st.altair_chart(charts.hit_rate_over_time(series, changes), use_container_width=True)
+    st.altair_chart(charts.metric_over_time(series, metric, changes), use_container_width=True)
     st.caption(f"{bucket_s}s buckets; dashed lines mark threshold changes.")
     if not changes.empty:
         st.dataframe(changes, hide_index=True)
@@ -141,77 +192,297 @@ def attribution(view: View) -> None:
     limit = st.slider("Clusters shown (by volume)", 5, 50, 15, key="cluster_limit")
     st.altair_chart(charts.breakdown_bars(processing.top_clusters(by_cluster, limit), "intent_cluster"),
                     use_container_width=True)
-    st.subheader("By cache lifetime")
-    by_life = data.run(view.settings, "breakdown", view.filters, "lifetime_bucket")
-    st.altair_chart(charts.breakdown_bars(by_life, "lifetime_bucket", value_col="hits",
-                                          value_title="hits", percent=False), use_container_width=True)
-    st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
-    st.subheader("By index precision")
-    precision = processing.precision_frame(data.run(view.settings, "breakdown", view.filters, "index_kind"))
-    checked = precision[precision["ann_checks"] > 0]
-    if checked.empty:
-        st.info("No ANN-vs-exact checks sampled in this range.")
-    else:
-        st.altair_chart(charts.breakdown_bars(checked, "index_kind", value_col="ann_precision",
-                                              value_title="ANN agrees with exact"), use_container_width=True)
-    st.dataframe(precision, hide_index=True)
+    left, right = st.columns(2)
+    with left:
+        st.subheader("By index precision")
+        by_index = data.run(view.settings, "breakdown", view.filters, "index_kind")
+        st.altair_chart(charts.breakdown_bars(by_index, "index_kind"), use_container_width=True)
+        precision = processing.precision_frame(by_index)
+        st.dataframe(precision[["arm", "index_kind", "ann_checks", "ann_precision", "ci_low", "ci_high"]],
+                     hide_index=True)
+    with right:
+        st.subheader("By cache lifetime")
+        by_life = data.run(view.settings, "breakdown", view.filters, "lifetime_bucket")
+        shares = processing.lifetime_shares(by_life)
+        st.altair_chart(charts.breakdown_bars(shares, "lifetime_bucket", value_col="share",
+                                              value_title="share of the arm's requests"), use_container_width=True)
+        st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
+    decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life})
 
+
+def decomposition_section(view: View, frames: dict) -> None:
+    arms = sorted(set(frames["intent_cluster"]["arm"]) - {HOLDOUT_ARM})
+    if len(arms) < 2:
+        return
+    st.subheader("Why the hit rates differ")
+    baseline = processing.baseline_arm(arms, view.config) or arms[0]
+    cols = st.columns(3)
+    a = cols[0].selectbox("Baseline arm", arms, index=arms.index(baseline), key="dec_a")
+    others = [x for x in arms if x != a]
+    b = cols[1].selectbox("Compared arm", others, key="dec_b")
+    dim = cols[2].selectbox("Buckets", list(frames), key="dec_dim")
+    d = attribution_mod.decompose(frames[dim], dim, a, b)
+    st.altair_chart(charts.waterfall(attribution_mod.waterfall_frame(d)), use_container_width=True)
+    st.markdown(f"**{b} − {a} = {d.difference:+.2%}**: traffic mix {d.mix_effect:+.2%}, "
+                f"hit rates within buckets {d.rate_effect:+.2%}.")
+    st.caption("Method: " + attribution_mod.METHOD)
+    if dim == "intent_cluster":
+        holm = processing.cluster_comparison(frames[dim], a, b)
+        st.markdown("Per-cluster differences (Holm-adjusted over all clusters compared)")
+        st.dataframe(holm, hide_index=True, column_config={
+            "diff": st.column_config.NumberColumn("Δ hit rate", format="percent")})
+
+
+# -- control panel ---------------------------------------------------------------------
 
 def control_panel(view: View) -> None:
     if view.config is None:
         st.info("This experiment has no definition to change (it only appears in the data).")
         return
     config = view.config
-    st.caption(f"Config version {config.version}, last updated by {config.updated_by}.")
-    arm = st.selectbox("Arm", [a.name for a in config.arms], key="ctl_arm")
-    current = config.arm(arm).threshold
+    pin = f"loaded_version:{view.experiment_id}"
+    loaded = st.session_state.setdefault(pin, config.version)
+    st.caption(f"Config version {loaded} loaded, last updated by {config.updated_by}. Reading needs no token; "
+               "every change below does.")
+    if config.version != loaded:
+        st.warning(f"The config moved to version {config.version} since you loaded version {loaded}; "
+                   "pushes will be refused until you reload.")
+    if st.button("Reload latest config", key="ctl_reload"):
+        data.clear()
+        st.session_state.pop(pin, None)
+        st.rerun()
+    st.text_input("Your name", key="ctl_actor")
+    if view.settings.dashboard.admin_token is not None:
+        st.text_input("Admin token", type="password", key="ctl_token")
+    change_section(view, config)
+    canary_section(view, config)
+    autotune_section(view, config)
+    history_section(view, config)
+
+
+def change_section(view: View, config) -> None:
+    st.subheader("Change a threshold")
+    cols = st.columns(3)
+    arm = cols[0].selectbox("Arm", [a.name for a in config.arms], key="ctl_arm")
+    scope = cols[1].radio("Scope", ["whole arm", "one intent cluster"], key="ctl_scope", horizontal=True)
+    cluster = None
+    if scope == "one intent cluster":
+        cluster = int(cols[2].number_input("Intent cluster", min_value=0, value=0, step=1, key="ctl_cluster"))
+    current = config.arm(arm).threshold_for(cluster)
     threshold = st.number_input("New threshold", min_value=0.0, max_value=1.0, value=float(current),
                                 step=0.01, format="%.3f", key="ctl_threshold")
-    whatif_preview(view, arm, threshold)
-    actor = st.text_input("Your name", key="ctl_actor")
+    whatif_preview(view, arm, threshold, cluster)
+    mode = st.radio("Push as", ["direct", "canary"], key="ctl_mode", horizontal=True,
+                    disabled=cluster is not None, help="A canary applies to the whole arm.")
+    share, target = 0.1, view.settings.dashboard.target_false_hit_rate
+    if mode == "canary" and cluster is None:
+        c1, c2 = st.columns(2)
+        share = c1.number_input("Canary share of the arm's units", 0.01, 1.0, 0.1, 0.01, key="ctl_canary_share")
+        target = c2.number_input("Roll back above false-hit rate", 0.001, 0.5, float(target), 0.005,
+                                 format="%.3f", key="ctl_canary_target")
     reason = st.text_input("Reason", key="ctl_reason")
-    token = None
-    if view.settings.dashboard.admin_token is not None:
-        token = st.text_input("Admin token", type="password", key="ctl_token")
     if st.button("Push", type="primary", key="ctl_push"):
-        push(view, arm, threshold, actor, reason, token)
+        if cluster is not None:
+            change = lambda: control.set_cluster_threshold(arm, cluster, threshold)
+            what = f"{arm} cluster {cluster} threshold {threshold:.3f}"
+        elif mode == "canary":
+            change = lambda: control.start_canary(arm, threshold, share, target, at_ms=now_ms())
+            what = f"{arm} canary at {threshold:.3f} on {share:.0%} of units"
+        else:
+            change = lambda: control.set_threshold(arm, threshold)
+            what = f"{arm} threshold {threshold:.3f}"
+        act(view, change, reason, what)
 
 
-def whatif_preview(view: View, arm: str, threshold: float) -> None:
+def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) -> None:
     hist = data.run(view.settings, "similarity_histogram", view.filters)
     if hist.empty:
         st.info("No logged decisions in this range for a what-if estimate.")
         return
-    estimate = control.whatif_hit_rate(hist, threshold)
+    scoped = hist if cluster is None else hist[hist["intent_cluster"] == cluster]
+    labelled = optional(view, "labelled_similarity", view.filters)
+    estimate = control.whatif_hit_rate(scoped, threshold)
     row = estimate[estimate["arm"] == arm]
+    cols = st.columns(2)
     if not row.empty:
-        st.metric(f"Estimated hit rate of {arm} at {threshold:.3f}", f"{row['est_hit_rate'].iloc[0]:.1%}",
-                  delta=f"{row['est_hit_rate'].iloc[0] - row['observed_hit_rate'].iloc[0]:+.1%} vs observed")
-    st.altair_chart(charts.whatif_curve(control.whatif_curve(hist), threshold), use_container_width=True)
+        cols[0].metric(f"Estimated hit rate of {arm} at {threshold:.3f}", f"{row['est_hit_rate'].iloc[0]:.1%}",
+                       delta=f"{row['est_hit_rate'].iloc[0] - row['observed_hit_rate'].iloc[0]:+.1%} vs observed")
+    if labelled is not None:
+        mine = labelled[(labelled["arm"] == arm) & ((cluster is None) | (labelled["intent_cluster"] == cluster))]
+        fh = tuning.threshold_table(scoped[scoped["arm"] == arm], mine, [threshold]).iloc[0]
+        if fh["labelled"]:
+            cols[1].metric(f"Estimated false-hit rate at {threshold:.3f}", f"{fh['false_hit_rate']:.1%}",
+                           help=f"{fh['wrong']} wrong of {fh['labelled']} labelled hits at or above the threshold")
+            cols[1].caption(f"95% upper bound {fh['false_hit_upper']:.1%} ({fh['labelled']} labels)"
+                            + ("" if fh["supported"] else " — below the lowest labelled similarity: extrapolated"))
+        else:
+            cols[1].caption("No feedback-labelled hits at or above this threshold.")
+    st.altair_chart(charts.whatif_curve(control.whatif_curve(scoped), threshold), use_container_width=True)
     st.caption("First-order estimate from logged top-1 similarities: it holds the cache contents fixed.")
 
 
-def push(view: View, arm: str, threshold: float, actor: str, reason: str, token: str | None) -> None:
-    expected = view.settings.dashboard.admin_token
-    if expected is not None and not hmac.compare_digest((token or "").encode(),
-                                                        expected.get_secret_value().encode()):
-        st.error("Wrong or missing admin token: the change was not pushed.")
+def canary_section(view: View, config) -> None:
+    running = [a for a in config.arms if a.canary is not None]
+    if not running:
         return
+    st.subheader("Running canaries")
+    for arm in running:
+        stats = data.run(view.settings, "canary_stats", view.experiment_id, arm.name, arm.canary.started_at_ms)
+        canary_rows = stats[stats["variant"] == "canary"]
+        n_wrong = (int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
+        decision = tuning.evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
+        st.markdown(f"**{arm.name}**: canary threshold {arm.canary.threshold:.3f} on {arm.canary.share:.0%} of "
+                    f"units (arm threshold {arm.threshold:.3f}); verdict **{decision.action}** — {decision.reason}.")
+        st.dataframe(stats, hide_index=True)
+        c1, c2 = st.columns(2)
+        if c1.button(f"Promote {arm.name} canary", key=f"ctl_promote_{arm.name}"):
+            act(view, lambda a=arm.name: control.promote_canary(a), f"promote: {decision.reason}",
+                f"{arm.name} canary promoted")
+        if c2.button(f"Roll back {arm.name} canary", key=f"ctl_canary_rollback_{arm.name}"):
+            act(view, lambda a=arm.name: control.rollback_canary(a), f"rollback: {decision.reason}",
+                f"{arm.name} canary rolled back")
+
+
+def guardrails_from_page(view: View) -> tuning.Guardrails:
+    cols = st.columns(4)
+    target = cols[0].number_input("Target false-hit rate", 0.001, 0.5,
+                                  float(view.settings.dashboard.target_false_hit_rate), 0.005, format="%.3f",
+                                  key="tune_target")
+    min_labelled = cols[1].number_input("Min labelled hits", 0, 100_000, 30, 10, key="tune_min_labelled")
+    max_step = cols[2].number_input("Max step", 0.005, 0.5, 0.03, 0.005, format="%.3f", key="tune_max_step")
+    cooldown = cols[3].number_input("Cool-down (s)", 0, 7 * 86400, 1800, 60, key="tune_cooldown")
+    return tuning.Guardrails(target_false_hit_rate=target, min_labelled=int(min_labelled), max_step=max_step,
+                             cooldown_s=float(cooldown), min_decisions=200)
+
+
+def autotune_section(view: View, config) -> None:
+    st.subheader("Auto-tune")
+    guardrails = guardrails_from_page(view)
+    per_cluster = st.checkbox("Also per intent cluster", key="tune_clusters")
+    hist = data.run(view.settings, "similarity_histogram", view.filters)
+    labelled = optional(view, "labelled_similarity", view.filters)
+    if hist.empty or labelled is None:
+        st.info("Auto-tune needs logged decisions and feedback-labelled hits in this range.")
+        return
+    last = data.run(view.settings, "last_changes", view.experiment_id)
+    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
+                                clusters=per_cluster)
+    table = [{"arm": r.arm, "cluster": "—" if r.cluster is None else r.cluster, "current": r.current,
+              "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
+              "est. hit rate then": r.recommended_hit_rate, "false-hit upper bound": r.false_hit_upper,
+              "labels": r.labelled, "why": r.reason} for r in recs]
+    st.dataframe(table, hide_index=True, key="tune_table")
+    arm_recs = [r for r in recs if r.cluster is None and not r.candidates.empty]
+    if arm_recs:
+        shown = st.selectbox("Curve of arm", [r.arm for r in arm_recs], key="tune_curve_arm")
+        rec = next(r for r in arm_recs if r.arm == shown)
+        st.altair_chart(charts.tuning_curve(rec.candidates, guardrails.target_false_hit_rate, rec.current,
+                                            rec.recommended), use_container_width=True)
+        st.caption("Recommended: the highest estimated hit rate whose one-sided 95% Clopper-Pearson upper bound "
+                   "of the false-hit rate (labelled hits at or above the threshold) stays under the target.")
+    changes = [r for r in recs if r.action == "change"]
+    as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary")
+    if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):
+        if not authorized(view):
+            return
+        for r in changes:
+            if r.cluster is not None:
+                change = lambda r=r: control.set_cluster_threshold(r.arm, r.cluster, r.recommended)
+            elif as_canary:
+                change = lambda r=r: control.start_canary(r.arm, r.recommended, 0.1,
+                                                          guardrails.target_false_hit_rate, at_ms=now_ms())
+            else:
+                change = lambda r=r: control.set_threshold(r.arm, r.recommended)
+            if not act(view, change, f"auto-tune recommendation: {r.reason}",
+                       f"{r.arm}{'' if r.cluster is None else f' cluster {r.cluster}'} → {r.recommended:.3f}"):
+                break
+    scheduled_autotune(view, guardrails, per_cluster, as_canary)
+
+
+def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: bool, as_canary: bool) -> None:
+    every = st.number_input("Re-tune every (s)", 30, 86400, 300, 30, key="tune_every")
+    on = st.toggle("Auto-tune on a schedule while this page is open", key="tune_scheduled")
+    st.caption("Unattended: run `python -m dashboard.autotune --every N` under any scheduler; it applies the same "
+               "guardrails, evaluates canaries (promote / roll back) and audits every push.")
+    if not on:
+        return
+    if not authorized(view, quiet=True):
+        st.error("Scheduled auto-tune needs your name and the admin token.")
+        return
+
+    def tick() -> None:
+        try:
+            actions = autotune.tune_experiment(
+                view.settings, view.experiment_id, guardrails, client=data.client(view.settings),
+                actor=f"autotune ({st.session_state.get('ctl_actor', '').strip()})", clusters=per_cluster,
+                canary_share=0.1 if as_canary else 0.0)
+        except Exception as exc:
+            st.error(f"Auto-tune run failed: {exc}")
+            return
+        if any(a.applied for a in actions):
+            data.clear()
+            st.session_state.pop(f"loaded_version:{view.experiment_id}", None)
+        st.caption(f"Last auto-tune run {datetime.now(timezone.utc):%H:%M:%S} UTC")
+        st.dataframe([a.__dict__ for a in actions], hide_index=True)
+
+    st.fragment(tick, run_every=float(every))()
+
+
+def history_section(view: View, config) -> None:
+    st.subheader("History and rollback")
+    history = data.run(view.settings, "change_history", view.experiment_id)
+    if history.empty:
+        st.caption("No pushes recorded for this experiment yet.")
+        return
+    st.dataframe(history.drop(columns=["config_json"]), hide_index=True)
+    file_config = data.file_configs(view.settings).get(view.experiment_id)
+    previous = control.previous_config(history, config, fallback=file_config)
+    if previous is None:
+        return
+    thresholds = ", ".join(f"{a.name} {a.threshold:.3f}" for a in previous.arms)
+    if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
+        act(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
+            f"thresholds of version {previous.version}")
+
+
+def authorized(view: View, quiet: bool = False) -> bool:
+    expected = view.settings.dashboard.admin_token
+    token = st.session_state.get("ctl_token") or ""
+    if expected is not None and not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+        if not quiet:
+            st.error("Wrong or missing admin token: the change was not pushed.")
+        return False
+    return True
+
+
+def act(view: View, make_change, reason: str, what: str) -> bool:
+    """Authorise, then publish one change against the version the operator loaded."""
+    if not authorized(view):
+        return False
+    pin = f"loaded_version:{view.experiment_id}"
     try:
-        message = control.push_threshold(view.settings, view.experiment_id, arm, threshold,
-                                         actor, reason)
+        message = control.publish_change(view.settings, view.experiment_id, make_change(),
+                                         st.session_state.get("ctl_actor", ""), reason,
+                                         expected_version=st.session_state.get(pin), client=data.client(view.settings))
+    except control.VersionConflict as exc:
+        st.error(f"Not pushed: {exc}")
+        return False
     except ValueError as exc:
         st.error(f"Not pushed: {exc}")
-        return
+        return False
     except control.AuditWriteError as exc:
         st.warning(str(exc))
+        st.session_state[pin] = exc.control_message.experiment.version
         data.clear()
-        return
+        return False
     except Exception as exc:  # Kafka unreachable etc.: nothing changed
         st.error(f"Push failed, nothing changed: {exc}")
-        return
+        return False
+    st.session_state[pin] = message.experiment.version
     data.clear()
-    st.success(f"Pushed {arm} threshold {threshold:.3f} as config version {message.experiment.version}.")
+    st.success(f"Pushed {what} as config version {message.experiment.version}.")
+    return True
 
 
 def main() -> None:

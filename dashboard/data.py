@@ -48,6 +48,14 @@ def run(settings: Settings, name: str, *args):
     return _run(name, warehouse, refresh_tick(settings), args, settings)
 
 
+def file_configs(settings: Settings) -> dict[str, ExperimentConfig]:
+    """Definitions in the experiments file ({} if there is none)."""
+    try:
+        return load_experiments(settings.experiments_file)
+    except ValueError:
+        return {}
+
+
 def experiment_configs(settings: Settings) -> dict[str, ExperimentConfig]:
     """Known experiment definitions: the experiments file, overridden by newer versions
     stored in ClickHouse by the control panel (reading Kafka on every refresh would be slow)."""

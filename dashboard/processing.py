@@ -202,3 +202,12 @@ def top_clusters(by_cluster: pd.DataFrame, limit: int) -> pd.DataFrame:
         return by_cluster
     volume = by_cluster.groupby("intent_cluster")["requests"].sum().nlargest(limit)
     return by_cluster[by_cluster["intent_cluster"].isin(volume.index)]
+
+
+def lifetime_shares(by_life: pd.DataFrame) -> pd.DataFrame:
+    """Per arm x lifetime bucket: that bucket's share of the arm's requests (hits by entry age; misses 'none')."""
+    if by_life.empty:
+        return by_life.assign(share=pd.Series(dtype="float64"))
+    totals = by_life.groupby("arm")["requests"].transform("sum").astype("float64")
+    counts = by_life["hits"].where(by_life["lifetime_bucket"] != "none", by_life["requests"] - by_life["hits"])
+    return by_life.assign(share=(counts / totals).where(totals > 0))
