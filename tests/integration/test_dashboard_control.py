@@ -1,0 +1,103 @@
+"""Control actions against the real broker and warehouse: concurrency, canaries, rollback, auto-tune."""
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from cache_core.chclient import connect
+from cache_core.control import read_latest_configs
+from cache_core.settings import Settings
+from dashboard import autotune, control, queries, tuning
+from tests.fixtures import dashboard_seed as seed
+from tests.integration.test_dashboard_app import _control_messages
+
+pytestmark = pytest.mark.integration
+
+
+def _feedback_tables_ready(client) -> bool:
+    names = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = currentDatabase()").result_rows}
+    return {"feedback_raw", "feedback_agg"} <= names
+
+
+@pytest.fixture
+def env(kafka_settings, ch_settings, tmp_path):
+    experiment_id = f"ctl-{uuid.uuid4().hex[:8]}"
+    settings = Settings(kafka=kafka_settings, clickhouse=ch_settings,
+                        experiments_file=seed.experiments_file(tmp_path / "e.yaml", experiment_id))
+    client = connect(ch_settings)
+    yield settings, experiment_id, client
+    client.close()
+
+
+def test_second_push_from_the_same_version_is_refused(env):
+    settings, experiment_id, client = env
+    first = control.push_threshold(settings, experiment_id, "treatment", 0.75, "alice", "", client=client,
+                                   expected_version=1)
+    assert first.experiment.version == 2
+    with pytest.raises(control.VersionConflict, match="now at config version 2.*not version 1"):
+        control.push_threshold(settings, experiment_id, "treatment", 0.70, "bob", "", client=client,
+                               expected_version=1)
+    assert [m.experiment.version for m in _control_messages(settings.kafka)] == [2]
+
+
+def test_canary_promote_then_rollback_publishes_new_versions(env):
+    settings, experiment_id, client = env
+    push = lambda change, v: control.publish_change(settings, experiment_id, change, "op", "t",
+                                                   expected_version=v, client=client)
+    push(control.start_canary("treatment", 0.76, 0.2, 0.05, at_ms=1), 1)
+    promoted = push(control.promote_canary("treatment"), 2).experiment
+    assert promoted.version == 3 and promoted.arm("treatment").threshold == 0.76
+    assert promoted.arm("treatment").canary is None
+    history = queries.change_history(client, experiment_id)
+    previous = control.previous_config(history, promoted)
+    assert previous.version == 2 and previous.arm("treatment").canary is not None
+    rolled = push(control.restore_thresholds(previous), 3).experiment
+    assert rolled.version == 4 and rolled.arm("treatment").threshold == 0.80 and rolled.arm("treatment").canary is None
+    assert read_latest_configs(settings.kafka)[experiment_id].experiment.version == 4
+    rows = queries.change_history(client, experiment_id)
+    assert rows["new_version"].tolist() == [4, 3, 2]
+    assert rows.set_index("new_version").at[2, "canary_share"] == 0.2
+
+
+def test_cluster_threshold_push_is_audited(env):
+    settings, experiment_id, client = env
+    msg = control.publish_change(settings, experiment_id, control.set_cluster_threshold("control", 7, 0.93),
+                                 "op", "cluster 7 is risky", expected_version=1, client=client)
+    assert msg.experiment.arm("control").cluster_thresholds == {7: 0.93}
+    assert queries.change_history(client, experiment_id)["arm"].tolist() == ["control"]
+    with pytest.raises(ValueError, match="nothing to push"):
+        control.publish_change(settings, experiment_id, control.set_cluster_threshold("control", 7, 0.93),
+                               "op", "", expected_version=2, client=client)
+
+
+def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
+    settings, experiment_id, client = env
+    if not _feedback_tables_ready(client):
+        pytest.fail("feedback_raw / feedback_agg migrations are not in infra/clickhouse/migrations yet")
+    now = datetime.now(timezone.utc)
+    seed.seed_tuning(client, experiment_id, now)
+    guardrails = tuning.Guardrails(target_false_hit_rate=0.05, min_decisions=200, min_labelled=30, cooldown_s=0)
+    dry = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, apply=False)
+    by_arm = {a.arm: a for a in dry}
+    assert (by_arm["control"].action, by_arm["control"].threshold) == ("change", pytest.approx(0.87))
+    assert by_arm["treatment"].action == "hold"
+    assert _control_messages(settings.kafka) == []
+
+    applied = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, canary_share=0.1)
+    assert [a.version for a in applied if a.applied] == [2]
+    canary = read_latest_configs(settings.kafka)[experiment_id].experiment.arm("control").canary
+    assert canary is not None and canary.threshold == pytest.approx(0.87) and canary.share == 0.1
+
+    # The canary's units get wrong answers: 30 of 100 labelled hits.
+    ids = [f"{experiment_id}-canary-{i}" for i in range(100)]
+    client.insert("events_raw", [["decision", rid, canary.started_at_ms + 10 + i, experiment_id, "control", "hit",
+                                  True, 0.88, "canary"] for i, rid in enumerate(ids)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "variant"])
+    client.insert("feedback_raw", [[1, rid, "wrong" if i < 30 else "correct", canary.started_at_ms + 500, "test"]
+                                   for i, rid in enumerate(ids)],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    after = autotune.tune_experiment(settings, experiment_id, guardrails, client=client)
+    verdict = next(a for a in after if a.kind == "canary")
+    assert (verdict.action, verdict.applied, verdict.version) == ("rollback", True, 3)
+    assert read_latest_configs(settings.kafka)[experiment_id].experiment.arm("control").canary is None
