@@ -1,62 +1,264 @@
-"""Online intent clusters: nearest centroid, new centroid beyond a radius.
+"""Intent clusters: online nearest-centroid assignment, periodic k-means retrains.
 
-Cluster ids are small integers, assigned in order of creation and never reused,
-so ``intent_cluster`` means the same thing across arms and over a process's life
-(and ``ArmConfig.cluster_thresholds`` can refer to them).
+Hot path (``assign``): the nearest centroid by cosine; a query farther than
+``radius`` from every centroid opens a new cluster (until ``max_clusters``).
+Centroids are running means, re-normalised.
+
+Retrain: every query seen is offered to a reservoir sample. When the number
+seen reaches ``retrain_min`` and then each time it grows by ``retrain_growth``
+(x2 by default), spherical ``faiss.Kmeans`` is fitted to the sample (in a
+background thread unless ``background=False``), with k = the current number of
+clusters (bounded by the sample size). The new centroids are matched to the
+old ones by maximum total cosine (Hungarian algorithm); a new centroid whose
+match is at least ``min_match`` inherits the old id, the others get fresh ids.
+
+Ids are small integers, never reused, so ``intent_cluster`` means the same
+thing across arms, across retrains (as far as the clusters themselves persist)
+and across restarts (the state is part of the cache snapshot), and
+``ArmConfig.cluster_thresholds`` can refer to them.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from dataclasses import dataclass
 
+import faiss
 import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+log = logging.getLogger(__name__)
+
+MIN_POINTS_PER_CLUSTER = 5
+
+
+@dataclass
+class RetrainReport:
+    k: int
+    sample: int
+    kept_ids: int
+    new_ids: int
+    retired_ids: int
+    mean_match_similarity: float
+    seconds: float
+
+
+def _unit_rows(mat: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    return (mat / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 class OnlineClusters:
-    """Assigns unit vectors to the nearest centroid (cosine); opens a new cluster
-    when every centroid is below ``radius``. Centroids are running means, re-normalised.
-    Once ``max_clusters`` exist, everything joins its nearest one."""
+    """Cluster ids for unit vectors (see the module docstring)."""
 
-    def __init__(self, dim: int, radius: float = 0.55, max_clusters: int = 1024):
+    def __init__(self, dim: int, radius: float = 0.55, max_clusters: int = 1024, *,
+                 retrain_min: int = 2000, retrain_growth: float = 2.0,
+                 reservoir_size: int = 20_000, min_match: float = 0.5, k: int | None = None,
+                 background: bool = True, seed: int = 0):
         self.dim = dim
         self.radius = radius
         self.max_clusters = max_clusters
+        self.retrain_growth = retrain_growth
+        self.reservoir_size = reservoir_size
+        self.min_match = min_match
+        self.k = k
+        self.background = background
+        self.seed = seed
+        self._ids: list[int] = []
         self._centroids = np.zeros((0, dim), dtype=np.float32)
         self._sums = np.zeros((0, dim), dtype=np.float32)
         self._counts: list[int] = []
+        self._next_id = 0
+        self._reservoir = np.zeros((reservoir_size, dim), dtype=np.float32)
+        self._filled = 0
+        self._seen = 0
+        self._next_retrain = retrain_min
+        self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
+        self._retraining = threading.Lock()
+        self.retrains: list[RetrainReport] = []
 
     def __len__(self) -> int:
-        return len(self._counts)
+        return len(self._ids)
+
+    @property
+    def seen(self) -> int:
+        return self._seen
+
+    def ids(self) -> list[int]:
+        with self._lock:
+            return list(self._ids)
 
     def nearest(self, vec: np.ndarray) -> tuple[int, float]:
         """(cluster id, similarity) without updating; (-1, -1.0) when there are none."""
         with self._lock:
-            return self._nearest(vec)
+            row, sim = self._nearest(vec)
+            return (self._ids[row] if row >= 0 else -1), sim
 
     def assign(self, vec: np.ndarray, update: bool = True) -> int:
-        """Cluster id for ``vec``; with ``update`` the centroid moves toward it."""
+        """Cluster id for ``vec``; with ``update`` the centroid moves toward it and the
+        vector joins the retrain sample (a retrain may start)."""
         vec = np.asarray(vec, dtype=np.float32).reshape(-1)
         with self._lock:
-            cluster, sim = self._nearest(vec)
-            if cluster < 0 or (sim < self.radius and len(self) < self.max_clusters):
-                return self._open(vec)
             if update:
-                self._sums[cluster] += vec
-                self._counts[cluster] += 1
-                norm = np.linalg.norm(self._sums[cluster])
-                if norm > 0:
-                    self._centroids[cluster] = self._sums[cluster] / norm
-            return cluster
+                self._sample(vec)
+            row, sim = self._nearest(vec)
+            if row < 0 or (sim < self.radius and len(self) < self.max_clusters):
+                cluster = self._open(vec)
+            else:
+                cluster = self._ids[row]
+                if update:
+                    self._move(row, vec)
+            due = update and self._seen >= self._next_retrain
+            if due:
+                self._next_retrain = int(self._seen * self.retrain_growth) + 1
+        if due:
+            self._start_retrain()
+        return cluster
+
+    def retrain(self) -> RetrainReport | None:
+        """Fit k-means to the sample and re-key the clusters (None if the sample is too small)."""
+        with self._retraining:
+            with self._lock:
+                sample = self._reservoir[:self._filled].copy()
+                old_ids, old_centroids = list(self._ids), self._centroids.copy()
+            k = self.k or len(old_ids)
+            k = min(k, len(sample) // MIN_POINTS_PER_CLUSTER, self.max_clusters)
+            if k < 2:
+                return None
+            started = time.perf_counter()
+            # Warm start from the current centroids (the k largest when k is capped):
+            # k-means then refines the clusters rather than redrawing them, so far
+            # more of them survive the match under their old ids.
+            centroids, counts = self._kmeans(sample, k, self._warm_start(old_centroids, k))
+            new_ids, report = self._match(centroids, old_ids, old_centroids)
+            with self._lock:
+                self._install(centroids, counts, new_ids, old_ids)
+            report.seconds, report.sample = time.perf_counter() - started, len(sample)
+            self.retrains.append(report)
+            log.info("intent clusters retrained", extra=report.__dict__)
+            return report
+
+    # -- persistence ------------------------------------------------------------------
+
+    def export_state(self) -> dict:
+        """Ids, centroids and counters (``centroids`` is an array, the rest JSON-able)."""
+        with self._lock:
+            return {"ids": list(self._ids), "centroids": self._centroids.copy(),
+                    "counts": list(self._counts), "next_id": self._next_id, "seen": self._seen,
+                    "next_retrain": self._next_retrain}
+
+    def load_state(self, state: dict) -> None:
+        centroids = np.asarray(state["centroids"], dtype=np.float32).reshape(-1, self.dim)
+        with self._lock:
+            self._ids = [int(i) for i in state["ids"]]
+            self._centroids = centroids
+            self._counts = [int(c) for c in state["counts"]]
+            self._sums = centroids * np.asarray(self._counts, dtype=np.float32)[:, None]
+            self._next_id = int(state["next_id"])
+            self._seen = int(state.get("seen", 0))
+            self._next_retrain = int(state.get("next_retrain", self._next_retrain))
+
+    # -- internals --------------------------------------------------------------------
 
     def _nearest(self, vec: np.ndarray) -> tuple[int, float]:
-        if not self._counts:
+        if not self._ids:
             return -1, -1.0
         sims = self._centroids @ np.asarray(vec, dtype=np.float32).reshape(-1)
         best = int(np.argmax(sims))
         return best, float(sims[best])
 
     def _open(self, vec: np.ndarray) -> int:
+        cluster = self._next_id
+        self._next_id += 1
+        self._ids.append(cluster)
         self._centroids = np.vstack([self._centroids, vec[None, :]])
         self._sums = np.vstack([self._sums, vec[None, :]])
         self._counts.append(1)
-        return len(self._counts) - 1
+        return cluster
+
+    def _move(self, row: int, vec: np.ndarray) -> None:
+        self._sums[row] += vec
+        self._counts[row] += 1
+        norm = np.linalg.norm(self._sums[row])
+        if norm > 0:
+            self._centroids[row] = self._sums[row] / norm
+
+    def _sample(self, vec: np.ndarray) -> None:
+        """Reservoir sampling (algorithm R): a uniform sample of everything seen."""
+        self._seen += 1
+        if self._filled < self.reservoir_size:
+            self._reservoir[self._filled] = vec
+            self._filled += 1
+            return
+        slot = int(self._rng.integers(0, self._seen))
+        if slot < self.reservoir_size:
+            self._reservoir[slot] = vec
+
+    def _start_retrain(self) -> None:
+        if not self.background:
+            self.retrain()
+            return
+        if self._retraining.locked():
+            return  # one at a time; the next growth step triggers again
+        threading.Thread(target=self._retrain_quietly, name="scache-cluster-retrain",
+                         daemon=True).start()
+
+    def _retrain_quietly(self) -> None:
+        try:
+            self.retrain()
+        except Exception:  # the online assignment keeps working either way
+            log.exception("intent cluster retrain failed")
+
+    def _warm_start(self, old_centroids: np.ndarray, k: int) -> np.ndarray | None:
+        if len(old_centroids) < k:
+            return None
+        with self._lock:
+            counts = np.asarray(self._counts[:len(old_centroids)])
+        return np.ascontiguousarray(old_centroids[np.argsort(-counts, kind="stable")[:k]])
+
+    def _kmeans(self, sample: np.ndarray, k: int,
+                init: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        kmeans = faiss.Kmeans(self.dim, k, niter=20, spherical=True, seed=self.seed, verbose=False,
+                              min_points_per_centroid=1, max_points_per_centroid=10_000)
+        kmeans.train(np.ascontiguousarray(sample), init_centroids=init)
+        centroids = _unit_rows(kmeans.centroids)
+        labels = np.argmax(sample @ centroids.T, axis=1)
+        counts = np.bincount(labels, minlength=k)
+        keep = counts > 0  # an empty centroid names no one
+        return centroids[keep], counts[keep]
+
+    def _match(self, centroids: np.ndarray, old_ids: list[int],
+               old_centroids: np.ndarray) -> tuple[list[int | None], RetrainReport]:
+        """New centroid -> inherited old id (or None: needs a fresh id)."""
+        new_ids: list[int | None] = [None] * len(centroids)
+        sims: list[float] = []
+        if old_ids:
+            similarity = centroids @ old_centroids.T
+            rows, cols = linear_sum_assignment(-similarity)
+            for row, col in zip(rows, cols):
+                if similarity[row, col] >= self.min_match:
+                    new_ids[row] = old_ids[col]
+                    sims.append(float(similarity[row, col]))
+        kept = sum(i is not None for i in new_ids)
+        return new_ids, RetrainReport(
+            k=len(centroids), sample=0, kept_ids=kept, new_ids=len(centroids) - kept,
+            retired_ids=len(old_ids) - kept, mean_match_similarity=float(np.mean(sims)) if sims else 0.0,
+            seconds=0.0)
+
+    def _install(self, centroids: np.ndarray, counts: np.ndarray, new_ids: list[int | None],
+                 old_ids: list[int]) -> None:
+        ids = [self._fresh_id() if i is None else i for i in new_ids]
+        # Clusters opened online while k-means ran are kept as they are.
+        late = [row for row, cid in enumerate(self._ids) if cid not in old_ids]
+        counts_f = counts.astype(np.float32)
+        self._ids = ids + [self._ids[row] for row in late]
+        self._centroids = np.vstack([centroids] + [self._centroids[row][None] for row in late])
+        self._sums = np.vstack([centroids * counts_f[:, None]] + [self._sums[row][None] for row in late])
+        self._counts = [int(c) for c in counts] + [self._counts[row] for row in late]
+
+    def _fresh_id(self) -> int:
+        cluster = self._next_id
+        self._next_id += 1
+        return cluster
