@@ -51,7 +51,7 @@ from cache_core.events import CacheEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
 from cache_core.guards import first_conflict
 from cache_core.index import IndexSpec, VectorIndex
-from cache_core.registry import ExperimentRegistry
+from cache_core.registry import ExperimentRegistry, UnknownExperiment
 
 NEAR_DUPLICATE_SIM = 0.85
 NOVEL_SIM = 0.60
@@ -362,6 +362,8 @@ class SemanticCache:
         self._partitions_lock = threading.Lock()
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
+        self.journal = None
+        """Set by ``attach_journal`` (cache_core.persistence): every change is logged."""
 
     # -- public -----------------------------------------------------------------------
 
@@ -439,7 +441,85 @@ class SemanticCache:
             now = self.clock()
             entry = self._new_entry(req, arm, query, answer, namespace, scope, ttl_s, now,
                                     provenance_source, provenance_version)
-            return self._admit(partition, entry, result, now)
+            result = self._admit(partition, entry, result, now)
+        if self.journal is not None and result.stored:
+            self.journal.sync()  # acknowledged = durable: fsync before the caller hears "stored"
+        return result
+
+    def clear_namespace(self, namespace: str) -> int:
+        """Remove every entry of ``namespace`` (all experiments and arms); returns how many."""
+        with self._partitions_lock:
+            doomed = [key for key in self._partitions if key[0] == namespace]
+            partitions = [self._partitions.pop(key) for key in doomed]
+        removed = 0
+        for partition in partitions:
+            with partition.lock:
+                removed += len(partition)
+                partition.journal = None  # one "clear" record stands for all these removals
+                partition.entries.clear()
+                partition.indexes.clear()
+                partition.by_text.clear()
+                partition.bytes = 0
+        if self.journal is not None:
+            self.journal.record_clear(namespace)
+            self.journal.sync()
+        return removed
+
+    # -- persistence (cache_core.persistence) ------------------------------------------
+
+    def attach_journal(self, journal) -> None:
+        """Log every later insert/removal of every partition (existing and new) to ``journal``."""
+        with self._partitions_lock:
+            self.journal = journal
+            for partition in self._partitions.values():
+                partition.journal = journal
+
+    def restore_put(self, key: tuple[str, str, str], entry: CacheEntry) -> None:
+        """Re-insert a persisted entry as it was (no admission tiers, no eviction)."""
+        partition = self._partition_by_key(key)
+        with partition.lock:
+            partition.insert(entry)
+
+    def restore_remove(self, key: tuple[str, str, str], entry_id: str) -> None:
+        partition = self._partitions.get(key)
+        if partition is not None:
+            with partition.lock:
+                partition.remove(entry_id)
+
+    def restore_clear(self, namespace: str) -> None:
+        with self._partitions_lock:
+            for key in [k for k in self._partitions if k[0] == namespace]:
+                del self._partitions[key]
+
+    def drop_expired(self) -> int:
+        """Remove entries that are no longer alive (after a restore); returns how many."""
+        now, dropped = self.clock(), 0
+        for partition in self.partitions():
+            with partition.lock:
+                for entry_id in [e.entry_id for e in partition.entries.values() if not e.alive(now)]:
+                    partition.remove(entry_id)
+                    dropped += 1
+        return dropped
+
+    def _partition_by_key(self, key: tuple[str, str, str]) -> Partition:
+        """The partition for a persisted key; its layout follows the experiment in force
+        if it is still configured (``_partition`` re-aligns it on the next request)."""
+        with self._partitions_lock:
+            partition = self._partitions.get(key)
+            if partition is not None:
+                return partition
+        namespace, experiment_id, arm_key = key
+        try:
+            experiment = self.registry.get(experiment_id)
+            arm = experiment.arms[0] if arm_key == SHARED_ARM else experiment.arm(arm_key)
+        except (KeyError, UnknownExperiment):
+            arm = ArmConfig(name="restored")
+        spec = IndexSpec.for_arm(arm)
+        with self._partitions_lock:
+            partition = self._partitions.setdefault(key, Partition(
+                key, self.embedder.dim, spec, arm.capacity_entries, arm.capacity_bytes))
+            partition.journal = self.journal
+            return partition
 
     def partition_for(self, namespace: str, experiment_id: str, arm: str) -> Partition | None:
         """The store a (namespace, experiment, arm) reads from, if it exists yet."""
@@ -500,6 +580,7 @@ class SemanticCache:
             partition = self._partitions.get(key)
             if partition is None:
                 partition = Partition(key, self.embedder.dim, spec, cap_entries, cap_bytes)
+                partition.journal = self.journal
                 self._partitions[key] = partition
         with partition.lock:
             partition.reconfigure(spec, cap_entries, cap_bytes)

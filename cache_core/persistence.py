@@ -1,0 +1,455 @@
+"""Durable cache state: a write-ahead log of entry changes plus periodic snapshots.
+
+Layout under the snapshot directory (one process owns it; an flock enforces that):
+
+* ``wal-00000007.log`` — log segments. One record per line,
+  ``<crc32 hex> <json>``: ``put`` (partition key, entry metadata, embedding as
+  base64 float32), ``remove`` (key, entry id) or ``clear`` (namespace).
+* ``snap-00000007/`` — a snapshot: ``entries.npy`` (n x dim float32),
+  ``entries.json`` (partition key + metadata per row, in LRU order) and the
+  intent clusters (``clusters.npy`` / ``clusters.json``).
+* ``CURRENT`` — names the latest complete snapshot and the first log segment
+  that must be replayed after it (written by atomic rename).
+
+Durability contract: a store is acknowledged only after its ``put`` record is
+written *and fsynced* (``Journal.sync`` before the HTTP response). Removals
+(expiry, eviction) are written but not fsynced: the OS keeps them across a
+process crash, and losing one to a power cut only brings back an entry that
+expiry or eviction removes again. Namespace clears are fsynced.
+
+Snapshot: rotate to a new log segment, copy every partition under its lock,
+write the files to a temporary directory, fsync, rename, switch ``CURRENT``, then
+delete older segments and snapshots. Records in the new segment may already be
+in the snapshot; replay is idempotent (a put replaces the entry with that id, a
+remove of a missing id is a no-op), so that is harmless.
+
+Restore: load the snapshot, replay the segments from ``CURRENT`` on (a torn
+last line — a write that was never acknowledged — ends its segment), drop
+entries that expired meanwhile, rebuild the indexes, and log to a fresh segment.
+Not persisted: hit counts and sliding-TTL renewals made since the last snapshot.
+"""
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+CURRENT = "CURRENT"
+LOCK_FILE = "LOCK"
+
+
+class PersistenceError(RuntimeError):
+    """The snapshot directory cannot be used (locked by another process, unreadable)."""
+
+
+# -- entry <-> record -------------------------------------------------------------------
+
+_ENTRY_FIELDS = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_policy", "max_age_s",
+                 "namespace", "intent_cluster", "scope", "provenance_source", "provenance_version",
+                 "last_hit_at", "hit_count", "grace_s", "protected", "approx_bytes")
+
+
+def entry_meta(entry) -> dict:
+    return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+
+
+def entry_from_meta(meta: dict, embedding: np.ndarray):
+    from cache_core.cache import CacheEntry  # late: cache imports this module's users
+
+    return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), **meta)
+
+
+def _encode_vec(vec: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+
+
+def _decode_vec(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
+
+
+def _line(record: dict) -> bytes:
+    body = json.dumps(record, separators=(",", ":")).encode()
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _parse(line: bytes) -> dict | None:
+    """The record, or None for a torn / corrupt line."""
+    if not line.endswith(b"\n") or len(line) < 10:
+        return None
+    crc, _, body = line[:-1].partition(b" ")
+    try:
+        if int(crc, 16) != zlib.crc32(body):
+            return None
+        return json.loads(body)
+    except (ValueError, json.JSONDecodeError):
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _segment_path(directory: Path, seq: int) -> Path:
+    return directory / f"wal-{seq:08d}.log"
+
+
+def _segments(directory: Path) -> list[tuple[int, Path]]:
+    out = []
+    for path in directory.glob("wal-*.log"):
+        try:
+            out.append((int(path.stem.split("-")[1]), path))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+# -- the log ----------------------------------------------------------------------------
+
+@dataclass
+class JournalStats:
+    records: int = 0
+    records_since_snapshot: int = 0
+    bytes_since_snapshot: int = 0
+    fsyncs: int = 0
+    fsync_seconds_total: float = 0.0
+    fsync_seconds_max: float = 0.0
+    segment: int = 0
+
+
+class Journal:
+    """Appends records to the current log segment; ``sync`` makes them durable.
+
+    ``record_*`` are called by partitions under their own lock: they only write
+    (one syscall). ``sync`` fsyncs whatever was written since the last sync, so
+    concurrent stores share one fsync (group commit)."""
+
+    def __init__(self, directory: Path, segment: int, fsync: bool = True):
+        self.directory = directory
+        self.fsync_enabled = fsync
+        self.stats = JournalStats(segment=segment)
+        self._lock = threading.Lock()
+        self._file = open(_segment_path(directory, segment), "ab", buffering=0)
+        self._unsynced = False
+        self._suspended = False
+
+    def record_put(self, key: tuple[str, str, str], entry) -> None:
+        self._append({"op": "put", "key": list(key), "entry": entry_meta(entry),
+                      "vec": _encode_vec(entry.embedding)})
+
+    def record_remove(self, key: tuple[str, str, str], entry_id: str) -> None:
+        self._append({"op": "remove", "key": list(key), "id": entry_id})
+
+    def record_clear(self, namespace: str) -> None:
+        self._append({"op": "clear", "namespace": namespace})
+
+    def sync(self) -> None:
+        """fsync the current segment if anything was written since the last sync."""
+        with self._lock:
+            if not self._unsynced:
+                return
+            self._unsynced = False
+            started = time.perf_counter()
+            if self.fsync_enabled:
+                os.fsync(self._file.fileno())
+            elapsed = time.perf_counter() - started
+        self.stats.fsyncs += 1
+        self.stats.fsync_seconds_total += elapsed
+        self.stats.fsync_seconds_max = max(self.stats.fsync_seconds_max, elapsed)
+
+    def rotate(self) -> int:
+        """Close the current segment (durably) and start the next; returns its number."""
+        with self._lock:
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self.stats.segment += 1
+            self._file = open(_segment_path(self.directory, self.stats.segment), "ab", buffering=0)
+            self._unsynced = False
+            _fsync_dir(self.directory)
+            return self.stats.segment
+
+    def snapshot_taken(self) -> None:
+        self.stats.records_since_snapshot = 0
+        self.stats.bytes_since_snapshot = 0
+
+    @contextmanager
+    def suspended(self):
+        """Restore replays through the partitions: nothing it does is logged again."""
+        self._suspended = True
+        try:
+            yield
+        finally:
+            self._suspended = False
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                os.fsync(self._file.fileno())
+                self._file.close()
+
+    def _append(self, record: dict) -> None:
+        if self._suspended:
+            return
+        line = _line(record)
+        with self._lock:
+            self._file.write(line)
+            self._unsynced = True
+        self.stats.records += 1
+        self.stats.records_since_snapshot += 1
+        self.stats.bytes_since_snapshot += len(line)
+
+
+# -- snapshots, restore, background thread ----------------------------------------------
+
+@dataclass
+class RestoreReport:
+    snapshot: str | None = None
+    snapshot_entries: int = 0
+    replayed_records: int = 0
+    torn_records: int = 0
+    expired_dropped: int = 0
+    entries: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class SnapshotStats:
+    snapshots: int = 0
+    last_snapshot_at: float | None = None
+    last_snapshot_seconds: float = 0.0
+    last_snapshot_entries: int = 0
+    restore: RestoreReport = field(default_factory=RestoreReport)
+
+
+class Persistence:
+    """Owns a snapshot directory for one cache: ``open`` restores and attaches the log."""
+
+    def __init__(self, directory: Path, *, fsync: bool = True, interval_s: float = 300.0,
+                 max_log_records: int = 50_000):
+        self.directory = Path(directory)
+        self.fsync = fsync
+        self.interval_s = interval_s
+        self.max_log_records = max_log_records
+        self.stats = SnapshotStats()
+        self.journal: Journal | None = None
+        self._cache = None
+        self._lock_fd: int | None = None
+        self._snapshot_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def open(self, cache) -> RestoreReport:
+        """Lock the directory, restore ``cache`` from it and start logging its changes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self._cache = cache
+        report = self._restore(cache)
+        next_segment = max([s for s, _ in _segments(self.directory)], default=0) + 1
+        self.journal = Journal(self.directory, next_segment, fsync=self.fsync)
+        cache.attach_journal(self.journal)
+        self.stats.restore = report
+        log.info("cache restored", extra={"dir": str(self.directory), **report.__dict__})
+        return report
+
+    def start(self) -> None:
+        """Snapshot in the background every ``interval_s`` or when the log grows long."""
+        self._thread = threading.Thread(target=self._run, name="scache-snapshots", daemon=True)
+        self._thread.start()
+
+    def close(self, final_snapshot: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.journal is not None:
+            if final_snapshot:
+                try:
+                    self.snapshot()
+                except OSError:
+                    log.exception("final snapshot failed; the log still has every change")
+            self.journal.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def metrics(self) -> dict:
+        journal = self.journal.stats if self.journal else JournalStats()
+        return {"log_records": journal.records, "log_records_since_snapshot": journal.records_since_snapshot,
+                "log_bytes_since_snapshot": journal.bytes_since_snapshot, "log_segment": journal.segment,
+                "fsyncs": journal.fsyncs, "fsync_seconds_total": journal.fsync_seconds_total,
+                "fsync_seconds_max": journal.fsync_seconds_max, "snapshots": self.stats.snapshots,
+                "last_snapshot_at": self.stats.last_snapshot_at or 0.0,
+                "last_snapshot_seconds": self.stats.last_snapshot_seconds,
+                "last_snapshot_entries": self.stats.last_snapshot_entries,
+                "restored_entries": self.stats.restore.entries,
+                "restore_seconds": self.stats.restore.seconds,
+                "restore_torn_records": self.stats.restore.torn_records}
+
+    # -- snapshot -----------------------------------------------------------------------
+
+    def snapshot(self) -> Path:
+        """Write a complete snapshot and truncate the log before it; returns its directory."""
+        if self.journal is None or self._cache is None:
+            raise PersistenceError("persistence is not open")
+        with self._snapshot_lock:
+            started = time.perf_counter()
+            segment = self.journal.rotate()
+            keys, metas, vecs = self._capture(self._cache)
+            target = self.directory / f"snap-{segment:08d}"
+            self._write_snapshot(target, keys, metas, vecs, self._cache)
+            self._switch_current(target.name, segment)
+            self.journal.snapshot_taken()
+            self._delete_before(segment, keep=target.name)
+            self.stats.snapshots += 1
+            self.stats.last_snapshot_at = self._cache.clock()
+            self.stats.last_snapshot_seconds = time.perf_counter() - started
+            self.stats.last_snapshot_entries = len(metas)
+            log.info("cache snapshot written", extra={"snapshot": target.name, "entries": len(metas),
+                                                      "seconds": self.stats.last_snapshot_seconds})
+            return target
+
+    @staticmethod
+    def _capture(cache) -> tuple[list, list, list]:
+        keys, metas, vecs = [], [], []
+        for partition in cache.partitions():
+            with partition.lock:
+                for entry in partition.entries.values():  # LRU order: least recent first
+                    keys.append(list(partition.key))
+                    metas.append(entry_meta(entry))
+                    vecs.append(entry.embedding)
+        return keys, metas, vecs
+
+    def _write_snapshot(self, target: Path, keys, metas, vecs, cache) -> None:
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        matrix = np.vstack(vecs).astype(np.float32) if vecs else np.zeros((0, cache.embedder.dim),
+                                                                           np.float32)
+        self._write(tmp / "entries.npy", lambda f: np.save(f, matrix))
+        self._write(tmp / "entries.json", lambda f: f.write(json.dumps(
+            [{"key": k, "entry": m} for k, m in zip(keys, metas)]).encode()))
+        state = cache.clusters.export_state()
+        self._write(tmp / "clusters.npy", lambda f: np.save(f, state.pop("centroids")))
+        self._write(tmp / "clusters.json", lambda f: f.write(json.dumps(state).encode()))
+        _fsync_dir(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        _fsync_dir(self.directory)
+
+    @staticmethod
+    def _write(path: Path, write) -> None:
+        with open(path, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _switch_current(self, name: str, segment: int) -> None:
+        tmp = self.directory / (CURRENT + ".tmp")
+        self._write(tmp, lambda f: f.write(json.dumps({"snapshot": name, "log_from": segment}).encode()))
+        os.rename(tmp, self.directory / CURRENT)
+        _fsync_dir(self.directory)
+
+    def _delete_before(self, segment: int, keep: str) -> None:
+        for seq, path in _segments(self.directory):
+            if seq < segment:
+                path.unlink(missing_ok=True)
+        for old in self.directory.glob("snap-*"):
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # -- restore ------------------------------------------------------------------------
+
+    def _restore(self, cache) -> RestoreReport:
+        started = time.perf_counter()
+        report = RestoreReport()
+        log_from = 0
+        current = self.directory / CURRENT
+        if current.exists():
+            pointer = json.loads(current.read_text())
+            report.snapshot, log_from = pointer["snapshot"], int(pointer["log_from"])
+            report.snapshot_entries = self._load_snapshot(self.directory / report.snapshot, cache)
+        for seq, path in _segments(self.directory):
+            if seq >= log_from:
+                self._replay(path, cache, report)
+        report.expired_dropped = cache.drop_expired()
+        report.entries = sum(len(p) for p in cache.partitions())
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @staticmethod
+    def _load_snapshot(snap: Path, cache) -> int:
+        vecs = np.load(snap / "entries.npy")
+        rows = json.loads((snap / "entries.json").read_text())
+        for row, vec in zip(rows, vecs):
+            cache.restore_put(tuple(row["key"]), entry_from_meta(row["entry"], vec))
+        clusters_json = snap / "clusters.json"
+        if clusters_json.exists():
+            state = json.loads(clusters_json.read_text())
+            state["centroids"] = np.load(snap / "clusters.npy")
+            cache.clusters.load_state(state)
+        return len(rows)
+
+    @staticmethod
+    def _replay(path: Path, cache, report: RestoreReport) -> None:
+        with open(path, "rb") as f:
+            for line in f:
+                record = _parse(line)
+                if record is None:
+                    # Only the last write can be torn (nothing after it was acknowledged).
+                    report.torn_records += 1
+                    log.warning("torn log record ignored", extra={"segment": path.name})
+                    break
+                op = record["op"]
+                if op == "put":
+                    cache.restore_put(tuple(record["key"]),
+                                      entry_from_meta(record["entry"], _decode_vec(record["vec"])))
+                elif op == "remove":
+                    cache.restore_remove(tuple(record["key"]), record["id"])
+                elif op == "clear":
+                    cache.restore_clear(record["namespace"])
+                report.replayed_records += 1
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise PersistenceError(f"snapshot dir {self.directory} is in use by another cache "
+                                   "process; give each instance its own SCACHE_CACHE__SNAPSHOT_DIR"
+                                   ) from exc
+        self._lock_fd = fd
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(min(1.0, self.interval_s)):
+            due = time.monotonic() - last >= self.interval_s
+            long_log = (self.journal is not None
+                        and self.journal.stats.records_since_snapshot >= self.max_log_records)
+            changed = self.journal is not None and self.journal.stats.records_since_snapshot > 0
+            if not changed or not (due or long_log):
+                continue
+            try:
+                self.snapshot()
+            except Exception:  # keep serving: the log still holds everything
+                log.exception("snapshot failed")
+            last = time.monotonic()
