@@ -251,6 +251,8 @@ def control_panel(view: View) -> None:
         data.clear()
         st.session_state.pop(pin, None)
         st.rerun()
+    for message in st.session_state.pop("ctl_flash", []):
+        st.success(message)
     st.text_input("Your name", key="ctl_actor")
     if view.settings.dashboard.admin_token is not None:
         st.text_input("Admin token", type="password", key="ctl_token")
@@ -291,7 +293,7 @@ def change_section(view: View, config) -> None:
         else:
             change = lambda: control.set_threshold(arm, threshold)
             what = f"{arm} threshold {threshold:.3f}"
-        act(view, change, reason, what)
+        act_and_reload(view, change, reason, what)
 
 
 def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) -> None:
@@ -327,19 +329,21 @@ def canary_section(view: View, config) -> None:
         return
     st.subheader("Running canaries")
     for arm in running:
-        stats = data.run(view.settings, "canary_stats", view.experiment_id, arm.name, arm.canary.started_at_ms)
-        canary_rows = stats[stats["variant"] == "canary"]
-        n_wrong = (int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
+        stats = optional(view, "canary_stats", view.experiment_id, arm.name, arm.canary.started_at_ms)
+        canary_rows = stats[stats["variant"] == "canary"] if stats is not None else None
+        n_wrong = (0, 0) if canary_rows is None else (
+            int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
         decision = tuning.evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
         st.markdown(f"**{arm.name}**: canary threshold {arm.canary.threshold:.3f} on {arm.canary.share:.0%} of "
                     f"units (arm threshold {arm.threshold:.3f}); verdict **{decision.action}** — {decision.reason}.")
-        st.dataframe(stats, hide_index=True)
+        if stats is not None:
+            st.dataframe(stats, hide_index=True)
         c1, c2 = st.columns(2)
         if c1.button(f"Promote {arm.name} canary", key=f"ctl_promote_{arm.name}"):
-            act(view, lambda a=arm.name: control.promote_canary(a), f"promote: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: control.promote_canary(a), f"promote: {decision.reason}",
                 f"{arm.name} canary promoted")
         if c2.button(f"Roll back {arm.name} canary", key=f"ctl_canary_rollback_{arm.name}"):
-            act(view, lambda a=arm.name: control.rollback_canary(a), f"rollback: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: control.rollback_canary(a), f"rollback: {decision.reason}",
                 f"{arm.name} canary rolled back")
 
 
@@ -397,6 +401,8 @@ def autotune_section(view: View, config) -> None:
             if not act(view, change, f"auto-tune recommendation: {r.reason}",
                        f"{r.arm}{'' if r.cluster is None else f' cluster {r.cluster}'} → {r.recommended:.3f}"):
                 break
+        else:
+            st.rerun()
     scheduled_autotune(view, guardrails, per_cluster, as_canary)
 
 
@@ -442,7 +448,7 @@ def history_section(view: View, config) -> None:
         return
     thresholds = ", ".join(f"{a.name} {a.threshold:.3f}" for a in previous.arms)
     if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
-        act(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
+        act_and_reload(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
             f"thresholds of version {previous.version}")
 
 
@@ -481,8 +487,14 @@ def act(view: View, make_change, reason: str, what: str) -> bool:
         return False
     st.session_state[pin] = message.experiment.version
     data.clear()
-    st.success(f"Pushed {what} as config version {message.experiment.version}.")
+    st.session_state.setdefault("ctl_flash", []).append(f"Pushed {what} as config version {message.experiment.version}.")
     return True
+
+
+def act_and_reload(view: View, make_change, reason: str, what: str) -> None:
+    """``act``, then re-run the page so every panel shows the new version."""
+    if act(view, make_change, reason, what):
+        st.rerun()
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The Streamlit app (AppTest) on the real warehouse and, for the push, a real Kafka broker."""
 import json
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 import streamlit as st
@@ -10,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 from cache_core.chclient import connect
 from cache_core.events import ControlMessage
 from cache_core.settings import get_settings
+from dashboard import control
 from infra.runtime import REPO_ROOT
 from tests.fixtures import dashboard_seed as seed
 
@@ -121,3 +123,109 @@ def _control_messages(kafka_settings) -> list[ControlMessage]:
         return [ControlMessage.model_validate(json.loads(r.value)) for r in consumer]
     finally:
         consumer.close()
+
+
+def _kafka_env(monkeypatch, kafka_settings):
+    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    monkeypatch.setenv("SCACHE_KAFKA__CONTROL_TOPIC", kafka_settings.control_topic)
+
+
+def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
+    experiment_id, start = app_env
+    client = connect(ch_settings)
+    seed.seed(client, experiment_id)
+    client.close()
+    at = start()
+    diff = at.dataframe[1].value.set_index("arm")
+    assert diff.loc["treatment", "prob_beat"] > 0.999
+    assert diff.loc["treatment", "seq_verdict"] == "significant"
+    assert float(diff.loc["treatment", "seq_p_value"]) >= float(diff.loc["treatment", "p_value"])
+    per_arm = at.dataframe[0].value.set_index("arm")
+    assert per_arm.loc["treatment", "model_calls"] == 160
+    assert per_arm.loc["treatment", "traffic_share"] == pytest.approx(0.5)
+    texts = _texts(at)
+    assert "Kitagawa" in texts and "traffic mix" in texts
+    assert at.selectbox(key="dec_dim").options == ["intent_cluster", "index_kind", "lifetime_bucket"]
+    at.selectbox(key="ts_metric").set_value("p95_ms").run()
+    assert not at.exception
+
+
+def test_cluster_and_canary_pushes_then_rollback(app_env, kafka_settings, monkeypatch):
+    _, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    at = start()
+    at.text_input(key="ctl_actor").input("tester")
+    at.selectbox(key="ctl_arm").set_value("control")
+    at.radio(key="ctl_scope").set_value("one intent cluster").run()
+    at.number_input(key="ctl_cluster").set_value(4)
+    at.number_input(key="ctl_threshold").set_value(0.95)
+    at.button(key="ctl_push").click().run()
+    assert "control cluster 4 threshold 0.950 as config version 2" in at.success[0].value
+    at.radio(key="ctl_scope").set_value("whole arm").run()
+    at.selectbox(key="ctl_arm").set_value("treatment").run()
+    at.number_input(key="ctl_threshold").set_value(0.76)
+    at.radio(key="ctl_mode").set_value("canary").run()
+    at.number_input(key="ctl_canary_share").set_value(0.25)
+    at.button(key="ctl_push").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert "canary at 0.760 on 25% of units as config version 3" in at.success[0].value
+    assert any("canary threshold 0.760" in m.value for m in at.markdown)  # the running-canary panel
+    rollback = at.button(key="ctl_rollback")
+    assert "version 2" in rollback.label
+    rollback.click().run()
+    assert "config version 4" in at.success[0].value
+    latest = _control_messages(kafka_settings)[-1].experiment
+    assert latest.version == 4 and latest.arm("treatment").canary is None
+    assert latest.arm("control").cluster_thresholds == {4: 0.95}
+
+
+def test_push_refused_when_config_moved_since_loading(app_env, kafka_settings, monkeypatch):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    at = start()  # loads version 1
+    settings = get_settings()
+    control.push_threshold(settings, experiment_id, "control", 0.91, "someone-else", "", expected_version=1)
+    at.text_input(key="ctl_actor").input("tester")
+    at.number_input(key="ctl_threshold").set_value(0.70)
+    at.button(key="ctl_push").click().run()
+    assert any("now at config version 2" in e.value and "reload" in e.value for e in at.error)
+    assert [m.experiment.version for m in _control_messages(kafka_settings)] == [2]
+    at.button(key="ctl_reload").click().run()
+    at.text_input(key="ctl_actor").input("tester")
+    at.number_input(key="ctl_threshold").set_value(0.70)
+    at.button(key="ctl_push").click().run()
+    assert "config version 3" in at.success[0].value
+
+
+def test_rollback_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    monkeypatch.setenv("SCACHE_DASHBOARD__ADMIN_TOKEN", "s3cret")
+    get_settings.cache_clear()
+    control.push_threshold(get_settings(), experiment_id, "control", 0.91, "someone", "")
+    at = start()
+    at.text_input(key="ctl_actor").input("mallory")
+    at.button(key="ctl_rollback").click().run()
+    assert any("admin token" in e.value for e in at.error)
+    assert len(_control_messages(kafka_settings)) == 1
+
+
+def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, monkeypatch):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    client = connect(ch_settings)
+    from tests.integration.test_dashboard_control import _feedback_tables_ready
+    if not _feedback_tables_ready(client):
+        pytest.fail("feedback_raw / feedback_agg migrations are not in infra/clickhouse/migrations yet")
+    seed.seed(client, experiment_id)
+    seed.seed_tuning(client, experiment_id, datetime.now(timezone.utc))
+    client.close()
+    at = start()
+    recs = at.dataframe(key="tune_table").value.set_index("arm")
+    assert recs.loc["control", "action"] == "change"
+    assert recs.loc["control", "recommended"] == pytest.approx(0.87)
+    assert at.button(key="tune_apply").label.startswith("Apply 1")
+    at.text_input(key="ctl_actor").input("tester")
+    at.button(key="tune_apply").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert _control_messages(kafka_settings)[-1].experiment.arm("control").canary.threshold == pytest.approx(0.87)
