@@ -99,6 +99,22 @@ class VectorIndex:
         elif self.spec.kind == "ivf" and len(self) >= self._ivf_train_size():
             self._train_ivf()
 
+    def add_many(self, entry_ids: list[str], vecs: np.ndarray) -> None:
+        """Add new vectors in one FAISS call (an HNSW graph builds in parallel this way)."""
+        if any(e in self._id_of for e in entry_ids) or len(set(entry_ids)) != len(entry_ids):
+            raise ValueError("add_many takes new, distinct entry ids; use add to replace")
+        ids = np.arange(self._next_id, self._next_id + len(entry_ids), dtype=np.int64)
+        self._next_id += len(entry_ids)
+        for entry_id, internal in zip(entry_ids, ids):
+            self._id_of[entry_id] = int(internal)
+            self._entry_of[int(internal)] = entry_id
+        mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32))
+        self._exact.add_with_ids(mat, ids)
+        if self._ann is not None:
+            self._ann.add_with_ids(mat, ids)
+        elif self.spec.kind == "ivf" and len(self) >= self._ivf_train_size():
+            self._train_ivf()
+
     def remove(self, entry_id: str) -> bool:
         """Remove one vector; False if it was not there."""
         internal = self._id_of.pop(entry_id, None)
