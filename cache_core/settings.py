@@ -46,8 +46,11 @@ class CacheSettings(BaseModel):
     # torch: sentence-transformers on PyTorch; onnx / onnx-int8: the same weights exported
     # locally to ONNX Runtime (fp32 / dynamically int8-quantised), cached under SCACHE_HOME/models.
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
-    # Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores.
-    encoder_threads: int | None = Field(None, ge=1)
+    # Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores. One is
+    # the default: requests are batched into one encoder thread anyway, and on a small
+    # shared machine extra spinning threads cost more than they give (2 cores, loaded:
+    # torch single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).
+    encoder_threads: int | None = Field(1, ge=1)
     max_query_chars: int = Field(4000, ge=1)
     max_answer_chars: int = Field(100_000, ge=1)
     default_ttl_s: float = Field(3600.0, gt=0)

