@@ -8,6 +8,7 @@ tests/artifacts/ for a human to look at.
 from __future__ import annotations
 
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from cache_core.chclient import connect
+from cache_core.control import read_latest_configs
+from cache_core.settings import KafkaSettings
+from infra.kafka.topics import ensure_topics
 from infra.runtime import REPO_ROOT, free_port, spawn, wait_until
 from tests.e2e.cdp import CHROMIUM, Chromium
 from tests.fixtures import dashboard_seed as seed
@@ -29,7 +33,17 @@ OPEN_TAB = ("(() => { const tab = Array.from(document.querySelectorAll('[role=ta
 
 
 @pytest.fixture(scope="module")
-def dashboard(warehouse, ch_settings, tmp_path_factory):
+def control_kafka(kafka_broker):
+    """A control topic of this module's own on the session broker."""
+    suffix = uuid.uuid4().hex[:8]
+    settings = KafkaSettings(bootstrap_servers=kafka_broker.info["bootstrap"], events_topic=f"e2e.events.{suffix}",
+                             control_topic=f"e2e.control.{suffix}", feedback_topic=f"e2e.feedback.{suffix}")
+    ensure_topics(settings)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
     """`streamlit run dashboard/app.py` on a free port against a freshly seeded experiment."""
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
@@ -43,6 +57,8 @@ def dashboard(warehouse, ch_settings, tmp_path_factory):
         "SCACHE_CLICKHOUSE__URL": ch_settings.url,
         "SCACHE_CLICKHOUSE__DATABASE": ch_settings.database,
         "SCACHE_EXPERIMENTS_FILE": str(seed.experiments_file(tmp / "experiments.yaml", experiment_id)),
+        "SCACHE_KAFKA__BOOTSTRAP_SERVERS": control_kafka.bootstrap_servers,
+        "SCACHE_KAFKA__CONTROL_TOPIC": control_kafka.control_topic,
         "PYTHONPATH": str(REPO_ROOT),
     }
     cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "app.py"),
@@ -60,7 +76,7 @@ def dashboard(warehouse, ch_settings, tmp_path_factory):
 
 def test_page_renders_chart_and_arms(dashboard, tmp_path):
     url, experiment_id, service = dashboard
-    with Chromium(url, tmp_path / "profile") as browser:
+    with Chromium(url, tmp_path / "profile", height=2600) as browser:
         browser.wait_for(CHART_DRAWN, timeout_s=90)
         dom = browser.dom()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -73,12 +89,48 @@ def test_page_renders_chart_and_arms(dashboard, tmp_path):
     assert shot.stat().st_size > 20_000  # a blank page is a few KB
 
 
-def test_time_series_tab_draws_line_chart(dashboard, tmp_path):
-    url, _, _ = dashboard
-    with Chromium(url, tmp_path / "profile") as browser:
+VISIBLE_CHART = ("Array.from(document.querySelectorAll('.vega-embed'))"
+                 ".some(e => e.offsetParent !== null && e.querySelector('canvas, svg'))")
+# React-controlled inputs: set through the native setter so React sees the change, then blur to commit.
+SET_INPUT = ("(() => { const el = document.querySelector(`input[aria-label=\"%s\"]`); if (!el) return false;"
+             " const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;"
+             " el.focus(); set.call(el, '%s'); el.dispatchEvent(new Event('input', {bubbles: true}));"
+             " el.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true})); el.blur(); return true; })()")
+CLICK_BUTTON = ("(() => { const b = Array.from(document.querySelectorAll('button'))"
+                ".find(b => b.innerText.trim() === %r && b.offsetParent !== null); if (b) b.click(); return !!b; })()")
+
+
+@pytest.mark.parametrize("tab,marker,shot", [
+    ("Time series", "dashed lines mark threshold changes", "dashboard-timeseries.png"),
+    ("Attribution", "Kitagawa", "dashboard-attribution.png"),
+])
+def test_tab_draws_its_charts(dashboard, tmp_path, tab, marker, shot):
+    url, _, service = dashboard
+    with Chromium(url, tmp_path / "profile", height=2600) as browser:
         browser.wait_for(CHART_DRAWN, timeout_s=90)
-        assert browser.evaluate(OPEN_TAB % "Time series")
-        browser.wait_for("document.body.innerText.includes('dashed lines mark threshold changes')", 30)
-        browser.wait_for("Array.from(document.querySelectorAll('.vega-embed'))"
-                         ".some(e => e.offsetParent !== null && e.querySelector('canvas, svg'))", 30)
-        browser.screenshot(ARTIFACTS / "dashboard-timeseries.png")
+        assert browser.evaluate(OPEN_TAB % tab)
+        browser.wait_for(f"document.body.innerText.includes({marker!r})", 30)
+        browser.wait_for(VISIBLE_CHART, 30)
+        time.sleep(1.5)  # let vega finish its transition before the picture
+        browser.screenshot(ARTIFACTS / shot)
+        assert "Traceback" not in browser.dom(), service.log_path.read_text()[-2000:]
+
+
+def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, control_kafka, tmp_path):
+    url, experiment_id, service = dashboard
+    with Chromium(url, tmp_path / "profile", height=2600) as browser:
+        browser.wait_for(CHART_DRAWN, timeout_s=90)
+        assert browser.evaluate(OPEN_TAB % "Control panel")
+        browser.wait_for("document.querySelector('input[aria-label=\"Your name\"]') !== null", 30)
+        browser.wait_for(VISIBLE_CHART, 30)
+        assert browser.evaluate(SET_INPUT % ("Your name", "browser-test"))
+        time.sleep(1)
+        assert browser.evaluate(SET_INPUT % ("New threshold", "0.850"))
+        time.sleep(1.5)
+        browser.screenshot(ARTIFACTS / "dashboard-control.png")
+        assert browser.evaluate(CLICK_BUTTON % "Push")
+        browser.wait_for("document.body.innerText.includes('as config version 2')", 60)
+        browser.screenshot(ARTIFACTS / "dashboard-control-pushed.png")
+    pushed = read_latest_configs(control_kafka)[experiment_id]
+    assert pushed.experiment.version == 2 and pushed.actor == "browser-test"
+    assert pushed.experiment.arm("control").threshold == pytest.approx(0.85)
