@@ -261,7 +261,13 @@ class Persistence:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         self._cache = cache
-        report = self._restore(cache)
+        try:
+            report = self._restore(cache)
+        except (OSError, ValueError, KeyError) as exc:  # unreadable snapshot or log
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise PersistenceError(f"cannot restore from {self.directory}: {exc!r}; move the "
+                                   "directory aside to start empty") from exc
         next_segment = max([s for s, _ in _segments(self.directory)], default=0) + 1
         self.journal = Journal(self.directory, next_segment, fsync=self.fsync)
         cache.attach_journal(self.journal)

@@ -57,6 +57,13 @@ class CacheSettings(BaseModel):
     # Raw query text leaves the process in events only if allowed.
     emit_query_text: bool = False
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
+    # Write-ahead log + snapshots under snapshot_dir (one directory per instance).
+    persist: bool = True
+    snapshot_interval_s: float = Field(300.0, gt=0)
+    snapshot_max_log_records: int = Field(50_000, ge=1)
+    """Snapshot early once the log holds this many records."""
+    wal_fsync: bool = True
+    """fsync each acknowledged store (off only for throwaway caches)."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
 
 
@@ -66,6 +73,7 @@ class ServiceSettings(BaseModel):
     admin_token: SecretStr | None = None
     upstream_url: str | None = None
     upstream_model: str = "upstream"
+    upstream_timeout_s: float = Field(60.0, gt=0)
 
 
 class FlinkSettings(BaseModel):

@@ -1,8 +1,10 @@
 """Run the cache service: ``python -m cache_core.service [--spool-dir DIR] [--instance-id ID]``.
 
-Loads the model once, starts the event publisher (with heartbeats) and the
-control-topic listener, serves HTTP with uvicorn on settings.service.host/port,
-and on SIGTERM/SIGINT stops listening, then flushes and closes the publisher.
+Loads the model once, restores the cache from settings.cache.snapshot_dir
+(write-ahead log + snapshots; one directory per instance), starts the event
+publisher (with heartbeats) and the control-topic listener, serves HTTP with
+uvicorn on settings.service.host/port, and on SIGTERM/SIGINT stops listening,
+writes a final snapshot, then flushes and closes the publisher.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.control import ControlListener
     from cache_core.embedder import EmbedderError, load_embedder
     from cache_core.index import set_search_threads
+    from cache_core.persistence import Persistence, PersistenceError
     from cache_core.publisher import EventPublisher
     from cache_core.service.app import create_app
 
@@ -76,9 +79,19 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         publisher.close()
         log.info("cache service stopped", extra={"publisher": publisher.stats()})
 
+    persistence = None
+    if settings.cache.persist:
+        persistence = Persistence(settings.cache.snapshot_dir, fsync=settings.cache.wal_fsync,
+                                  interval_s=settings.cache.snapshot_interval_s,
+                                  max_log_records=settings.cache.snapshot_max_log_records)
     try:
-        app = create_app(settings, publisher, embedder, registry=registry, instance_id=instance_id,
-                         shutdown_hooks=[shutdown])
+        try:
+            app = create_app(settings, publisher, embedder, registry=registry,
+                             instance_id=instance_id, shutdown_hooks=[shutdown],
+                             persistence=persistence)
+        except PersistenceError as exc:
+            log.error("cannot start: %s", exc)
+            return 2
         listener.append(ControlListener(settings.kafka, on_message=app.state.registry.apply))
         listener[0].start()
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)

@@ -1,22 +1,28 @@
-"""FastAPI app factory: lookup, store, feedback, health, metrics, experiments."""
+"""FastAPI app factory: lookup, store, feedback, chat completions, admin, health, metrics."""
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.cache import InvalidRequest, SemanticCache
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
-from cache_core.events import CacheEvent, FeedbackEvent
+from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
+from cache_core.experiments import ExperimentConfig
+from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
+from cache_core.service import chat
 from cache_core.service.metrics import ServiceMetrics
-from cache_core.service.schemas import (FeedbackRequest, LookupRequest, LookupResponse,
-                                        StoreRequest, StoreResponse)
+from cache_core.service.schemas import (ChatCompletionRequest, FeedbackRequest, LookupRequest,
+                                        LookupResponse, StoreRequest, StoreResponse)
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,12 +31,18 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings, publisher, embedder: Embedder | None = None, *,
                registry: ExperimentRegistry | None = None, clock: Callable[[], float] = time.time,
                instance_id: str = "", shutdown_hooks: list[Callable[[], None]] | None = None,
-               ) -> FastAPI:
+               persistence: Persistence | None = None,
+               control_publisher: Callable[[ControlMessage], None] | None = None) -> FastAPI:
     """Build the service around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``). The model is loaded here unless ``embedder`` is given; concurrent
     requests share it through one micro-batching encoder thread. ``shutdown_hooks``
     run in order when the server shuts down (uvicorn re-raises SIGTERM after it
-    exits, so code after ``uvicorn.run`` is not a safe place to flush)."""
+    exits, so code after ``uvicorn.run`` is not a safe place to flush).
+
+    ``persistence`` (optional) restores the cache before the app is returned, logs
+    every change, snapshots in the background and once more at shutdown.
+    ``control_publisher`` sends admin config changes to the control topic
+    (default: ``cache_core.control.publish_control`` with ``settings.kafka``)."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -50,8 +62,17 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
         max_answer_chars=settings.cache.max_answer_chars,
         emit_query_text=settings.cache.emit_query_text,
     )
-    metrics = ServiceMetrics(cache, publisher.stats)
+    if persistence is not None:
+        persistence.open(cache)
+        persistence.start()
+    metrics = ServiceMetrics(cache, publisher.stats, persistence.metrics if persistence else None)
     metrics_holder.append(metrics)
+    upstream = httpx.Client()
+    if control_publisher is None:
+        from cache_core.control import publish_control
+
+        def control_publisher(message: ControlMessage) -> None:
+            publish_control(settings.kafka, message)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -61,14 +82,20 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
                 hook()
             except Exception:  # one failing hook must not skip the flush after it
                 log.exception("shutdown hook failed")
+        if persistence is not None:
+            persistence.close()  # final snapshot: the next start replays nothing
+        upstream.close()
         if own_encoder:
             encoder.close()
 
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)
     app.state.cache, app.state.registry, app.state.encoder = cache, registry, encoder
     app.state.metrics, app.state.publisher = metrics, publisher
+    app.state.persistence, app.state.settings = persistence, settings
     _add_error_handlers(app)
     _add_routes(app, cache, registry, metrics, publisher)
+    _add_chat_route(app, cache, metrics, settings, upstream)
+    _add_admin_routes(app, cache, registry, metrics, settings, control_publisher)
     return app
 
 
@@ -98,6 +125,7 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
             config_version=result.config_version, intent_cluster=result.intent_cluster,
             entry_id=result.entry_id, entry_age_s=result.event.entry_age_s,
             provenance=result.provenance, latency_ms=result.event.latency_ms,
+            variant=result.variant, guard=result.guard,
         )
 
     @app.post("/v1/store", response_model=StoreResponse)
@@ -123,9 +151,12 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
 
     @app.get("/healthz")
     def healthz() -> dict:
+        persistence = app.state.persistence
         return {"status": "ok", "dim": cache.embedder.dim,
                 "experiments": {e.experiment_id: e.version for e in registry.all()},
-                "publisher": publisher.stats()}
+                "publisher": publisher.stats(),
+                "entries": sum(len(p) for p in cache.partitions()),
+                "persistence": persistence.metrics() if persistence else None}
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
@@ -134,3 +165,126 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
     @app.get("/v1/experiments")
     def experiments() -> dict:
         return {"experiments": [e.model_dump(mode="json") for e in registry.all()]}
+
+
+def _add_chat_route(app: FastAPI, cache: SemanticCache, metrics: ServiceMetrics,
+                    settings: Settings, upstream: httpx.Client) -> None:
+    service = settings.service
+
+    @app.post("/v1/chat/completions")
+    def chat_completions(body: ChatCompletionRequest, request: Request):
+        try:
+            if body.stream:
+                raise chat.ChatError(422, "stream=true is not supported by the cache")
+            query = chat.cache_key(body)
+            identity = chat.request_identity(body, request.headers)
+            result = cache.lookup(query, unit_id=identity["unit_id"],
+                                  experiment_id=identity["experiment_id"],
+                                  namespace=identity["namespace"], scope=identity["scope"])
+            cache_headers = {"x-scache-request-id": result.request_id,
+                             "x-scache-decision": result.decision, "x-scache-arm": result.arm,
+                             "x-scache-variant": result.variant}
+            if result.hit:
+                metrics.chat.labels("hit").inc()
+                return JSONResponse(chat.completion_from_cache(
+                    body, result.answer, result.request_id, service.upstream_model),
+                    headers={**cache_headers, "x-scache-hit": "1"})
+            started = time.perf_counter()
+            response = chat.forward(upstream, service, body, request.headers)
+            metrics.upstream_latency.observe(time.perf_counter() - started)
+        except chat.ChatError as exc:
+            metrics.chat.labels(f"error_{exc.status}").inc()
+            return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
+        return _relay(cache, metrics, query, identity, body, response, cache_headers)
+
+
+def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: dict,
+           body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict):
+    """Return the upstream answer; cache it when it is a complete, successful one."""
+    headers = {**cache_headers, "x-scache-hit": "0"}
+    try:
+        completion = response.json()
+    except ValueError:
+        metrics.chat.labels("upstream_invalid").inc()
+        return JSONResponse(status_code=502, headers=headers,
+                            content={"detail": f"upstream answered {response.status_code} "
+                                               "with a body that is not JSON"})
+    if response.status_code != 200:
+        metrics.chat.labels("upstream_error").inc()
+        return JSONResponse(status_code=response.status_code, content=completion, headers=headers)
+    answer = chat.answer_of(completion)
+    stored = "not_cacheable"
+    if answer is not None:
+        try:
+            stored = chat.store_answer(cache, query, answer, identity,
+                                       str(completion.get("model") or body.model or ""))
+        except InvalidRequest as exc:  # e.g. longer than max_answer_chars: serve, do not cache
+            stored = "invalid"
+            log.info("upstream answer not cached", extra={"reason": str(exc)})
+    metrics.chat.labels("forwarded").inc()
+    return JSONResponse(completion, headers={**headers, "x-scache-store": stored})
+
+
+def _admin_check(settings: Settings, request: Request) -> JSONResponse | None:
+    """None if the request carries the admin token, else the 401/403 answer."""
+    token = settings.service.admin_token
+    if token is None:
+        return JSONResponse(status_code=403, content={
+            "detail": "admin API disabled: no admin token configured (SCACHE_SERVICE__ADMIN_TOKEN)"})
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return JSONResponse(status_code=401, headers={"www-authenticate": "Bearer"},
+                            content={"detail": "admin token required: Authorization: Bearer <token>"})
+    if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+        return JSONResponse(status_code=403, content={"detail": "invalid admin token"})
+    return None
+
+
+def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry,
+                      metrics: ServiceMetrics, settings: Settings,
+                      control_publisher: Callable[[ControlMessage], None]) -> None:
+
+    @app.put("/v1/admin/experiments/{experiment_id}")
+    async def put_experiment(experiment_id: str, request: Request):
+        denied = _admin_check(settings, request)
+        if denied is not None:
+            return denied
+        try:
+            config = ExperimentConfig.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return JSONResponse(status_code=422, content={"detail": exc.errors(include_url=False,
+                                                                               include_context=False)})
+        if config.experiment_id != experiment_id:
+            return JSONResponse(status_code=422, content={
+                "detail": f"body experiment_id {config.experiment_id!r} does not match the path"})
+        try:
+            current = registry.get(experiment_id).version
+        except UnknownExperiment:
+            current = 0
+        if config.version <= current:
+            return JSONResponse(status_code=409, content={
+                "detail": f"version {config.version} is not higher than {current} in force"})
+        actor = request.headers.get("x-scache-actor", "admin-api")
+        message = ControlMessage(experiment=config, actor=actor,
+                                 reason=request.headers.get("x-scache-reason", ""))
+        try:
+            # Publish first: a change other instances never hear of must not apply here alone.
+            control_publisher(message)
+        except Exception as exc:
+            log.exception("control publish failed", extra={"experiment_id": experiment_id})
+            return JSONResponse(status_code=503, content={
+                "detail": f"control topic unavailable, config not applied: {type(exc).__name__}"})
+        applied = registry.apply(message)
+        metrics.admin.labels("put_experiment").inc()
+        return {"applied": applied, "published": True, "experiment_id": experiment_id,
+                "version": registry.get(experiment_id).version}
+
+    @app.delete("/v1/admin/namespaces/{namespace}")
+    def delete_namespace(namespace: str, request: Request):
+        denied = _admin_check(settings, request)
+        if denied is not None:
+            return denied
+        removed = cache.clear_namespace(namespace)
+        metrics.admin.labels("clear_namespace").inc()
+        log.info("namespace cleared", extra={"namespace": namespace, "removed": removed})
+        return {"namespace": namespace, "removed": removed}

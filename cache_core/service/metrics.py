@@ -16,7 +16,8 @@ PUBLISHER_STATS = ("queue_depth", "published", "spooled", "replayed", "dropped")
 class ServiceMetrics:
     """Counters and histograms updated per request, gauges read at scrape time."""
 
-    def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict]):
+    def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
+                 persistence_stats: Callable[[], dict] | None = None):
         self.registry = CollectorRegistry()
         labels = ["experiment", "arm"]
         self.requests = Counter("scache_requests", "Lookups by decision", labels + ["decision"],
@@ -34,12 +35,26 @@ class ServiceMetrics:
                                 registry=self.registry)
         self.publish_errors = Counter("scache_publish_errors", "Events the publisher refused",
                                       registry=self.registry)
-        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats))
+        self.variants = Counter("scache_variant_requests", "Lookups by arm variant (base/canary)",
+                                labels + ["variant", "decision"], registry=self.registry)
+        self.guard_blocks = Counter("scache_guard_blocks", "Would-be hits a lexical guard turned into misses",
+                                    labels + ["guard"], registry=self.registry)
+        self.chat = Counter("scache_chat_requests", "Chat completions by outcome", ["outcome"],
+                            registry=self.registry)
+        self.upstream_latency = Histogram("scache_upstream_seconds", "Upstream model call time",
+                                          buckets=LATENCY_BUCKETS_S + (5.0, 10.0, 30.0, 60.0),
+                                          registry=self.registry)
+        self.admin = Counter("scache_admin_actions", "Admin actions performed", ["action"],
+                             registry=self.registry)
+        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats))
 
     def observe_lookup(self, event: CacheEvent) -> None:
         self.requests.labels(event.experiment_id, event.arm, event.decision).inc()
         if event.hit:
             self.hits.labels(event.experiment_id, event.arm).inc()
+        self.variants.labels(event.experiment_id, event.arm, event.variant, event.decision).inc()
+        if event.guard:
+            self.guard_blocks.labels(event.experiment_id, event.arm, event.guard).inc()
         self.latency.labels(event.experiment_id, event.arm).observe(event.latency_ms / 1000)
         self.embed.observe(event.embed_ms / 1000)
         if event.decision != "bypass":
@@ -47,11 +62,14 @@ class ServiceMetrics:
 
 
 class _ScrapeTimeGauges:
-    """Publisher queue/spool/drop counts and per-partition sizes, read when scraped."""
+    """Publisher queue/spool/drop counts, per-partition sizes and snapshot/log figures,
+    read when scraped."""
 
-    def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict]):
+    def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
+                 persistence_stats: Callable[[], dict] | None):
         self.cache = cache
         self.publisher_stats = publisher_stats
+        self.persistence_stats = persistence_stats
 
     def collect(self):
         stats = self.publisher_stats()
@@ -68,3 +86,11 @@ class _ScrapeTimeGauges:
             size.add_metric(list(partition.key), partition.bytes)
         yield entries
         yield size
+        clusters = GaugeMetricFamily("scache_intent_clusters", "Intent clusters in use")
+        clusters.add_metric([], float(len(self.cache.clusters)))
+        yield clusters
+        if self.persistence_stats is not None:
+            for name, value in self.persistence_stats().items():
+                gauge = GaugeMetricFamily(f"scache_persistence_{name}", f"Snapshots and log: {name}")
+                gauge.add_metric([], float(value))
+                yield gauge

@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP API (strict types: wrong types are 422)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,10 @@ class LookupResponse(BaseModel):
     entry_age_s: float | None
     provenance: Provenance | None
     latency_ms: float
+    variant: str = "base"
+    """"canary" when the unit is in the arm's canary share."""
+    guard: str | None = None
+    """The lexical guard that turned a would-be hit into this miss."""
 
 
 class StoreResponse(BaseModel):
@@ -68,3 +72,21 @@ class StoreResponse(BaseModel):
     arm: str
     config_version: int
     intent_cluster: int
+
+
+class ChatMessage(BaseModel):
+    """One OpenAI chat message; unknown fields (name, tool_calls...) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI chat-completions request; fields we do not use are forwarded as-is."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    user: str | None = Field(None, max_length=256)
+    stream: bool = False

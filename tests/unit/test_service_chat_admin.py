@@ -1,0 +1,202 @@
+"""Chat completions (against a real local upstream HTTP server), admin API, new metrics."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from cache_core.experiments import ArmConfig, ExperimentConfig
+from cache_core.persistence import Persistence
+from cache_core.registry import ExperimentRegistry
+from cache_core.service import create_app
+from cache_core.settings import Settings
+from infra.runtime import free_port, wait_until
+from tests.unit.cache_helpers import RecordingPublisher
+
+TOKEN = "s3cret-admin"
+
+
+class Upstream:
+    """A tiny OpenAI-compatible server on a free port, run by uvicorn in a thread."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+        self.headers: list[dict] = []
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            self.calls.append(body)
+            self.headers.append(dict(request.headers))
+            question = body["messages"][-1]["content"]
+            if question == "fail please":
+                return _error()
+            return {"id": f"up-{len(self.calls)}", "object": "chat.completion", "created": 1,
+                    "model": body["model"], "usage": {"prompt_tokens": 7, "completion_tokens": 5,
+                                                      "total_tokens": 12},
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": f"upstream says: {question}"}}]}
+
+        def _error():
+            from fastapi.responses import JSONResponse
+            return JSONResponse(status_code=429, content={"error": {"message": "rate limited"}})
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_until(lambda: self.server.started, 20, "upstream server")
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with Upstream() as server:
+        yield server
+
+
+class ControlRecorder:
+    def __init__(self):
+        self.messages = []
+        self.fail = False
+
+    def __call__(self, message):
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.messages.append(message)
+
+
+def make_client(minilm_embedder, tmp_path, upstream_url=None, admin_token=TOKEN):
+    settings = Settings(service={"upstream_url": upstream_url, "admin_token": admin_token})
+    control = ControlRecorder()
+    registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
+    app = create_app(settings, RecordingPublisher(), minilm_embedder, control_publisher=control,
+                     registry=registry, persistence=Persistence(tmp_path / "snap"))
+    client = TestClient(app, raise_server_exceptions=False)
+    client.control = control
+    return client
+
+
+def chat(client, text, headers=None, **extra):
+    return client.post("/v1/chat/completions", headers=headers or {},
+                       json={"model": "tiny", "messages": [{"role": "system", "content": "be brief"},
+                                                           {"role": "user", "content": text}], **extra})
+
+
+def test_miss_forwards_then_paraphrase_hits_from_cache(minilm_embedder, tmp_path, upstream):
+    with make_client(minilm_embedder, tmp_path, f"http://127.0.0.1:{upstream.port}/v1") as client:
+        before = len(upstream.calls)
+        first = chat(client, "How do I reset my password?", user="alice",
+                     headers={"authorization": "Bearer user-key"})
+        assert first.status_code == 200 and first.headers["x-scache-hit"] == "0"
+        assert first.json()["choices"][0]["message"]["content"] == "upstream says: How do I reset my password?"
+        assert first.json()["usage"]["total_tokens"] == 12 and first.headers["x-scache-store"] == "admitted"
+        assert len(upstream.calls) == before + 1 and upstream.calls[-1]["user"] == "alice"
+        assert upstream.headers[-1]["authorization"] == "Bearer user-key"
+        second = chat(client, "how can I reset my password", user="bob")
+        body = second.json()
+        assert second.status_code == 200 and second.headers["x-scache-hit"] == "1"
+        assert body["object"] == "chat.completion" and body["model"] == "tiny"
+        assert body["choices"][0]["message"] == {"role": "assistant",
+                                                 "content": "upstream says: How do I reset my password?"}
+        assert body["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        assert len(upstream.calls) == before + 1          # the hit never reached upstream
+        metrics = client.get("/metrics").text
+        assert 'scache_chat_requests_total{outcome="hit"} 1.0' in metrics
+        assert 'scache_chat_requests_total{outcome="forwarded"} 1.0' in metrics
+        assert "scache_persistence_fsyncs 1.0" in metrics
+
+
+def test_conversation_header_scopes_the_cache(minilm_embedder, tmp_path, upstream):
+    with make_client(minilm_embedder, tmp_path, f"http://127.0.0.1:{upstream.port}/v1/chat/completions") as client:
+        conv = {"x-scache-conversation-id": "c1"}
+        assert chat(client, "what about the second one?", headers=conv).headers["x-scache-hit"] == "0"
+        assert chat(client, "what about the second one?", headers=conv).headers["x-scache-hit"] == "1"
+        other = chat(client, "what about the second one?", headers={"x-scache-conversation-id": "c2"})
+        assert other.headers["x-scache-hit"] == "0"
+
+
+def test_upstream_errors_pass_through_and_are_not_cached(minilm_embedder, tmp_path, upstream):
+    with make_client(minilm_embedder, tmp_path, f"http://127.0.0.1:{upstream.port}/v1") as client:
+        for _ in range(2):
+            response = chat(client, "fail please")
+            assert response.status_code == 429 and response.headers["x-scache-hit"] == "0"
+        dead = make_client(minilm_embedder, tmp_path / "dead", f"http://127.0.0.1:{free_port()}")
+        with dead:
+            response = chat(dead, "anything at all")
+            assert response.status_code == 502 and "unreachable" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("payload, status, reason", [
+    ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, 422, "no user message"),
+    ({"model": "m", "messages": []}, 422, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 422, "stream"),
+    ({"model": "m", "messages": [{"role": "user", "content": "an unseen question"}]}, 503, "upstream"),
+])
+def test_chat_bad_requests_and_no_upstream(minilm_embedder, tmp_path, payload, status, reason):
+    with make_client(minilm_embedder, tmp_path) as client:
+        response = client.post("/v1/chat/completions", json=payload)
+        assert response.status_code == status and reason in response.text
+
+
+def new_config(version: int, threshold: float) -> dict:
+    return ExperimentConfig(experiment_id="chat-exp", salt="chat-exp-v1", version=version,
+                            arms=[ArmConfig(name="only", threshold=threshold)]).model_dump(mode="json")
+
+
+def test_admin_put_experiment_publishes_and_applies(minilm_embedder, tmp_path):
+    with make_client(minilm_embedder, tmp_path) as client:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        response = client.put("/v1/admin/experiments/chat-exp", json=new_config(5, 0.7), headers=auth)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"applied": True, "published": True,
+                                   "experiment_id": "chat-exp", "version": 5}
+        assert client.control.messages[-1].experiment.version == 5
+        served = client.get("/v1/experiments").json()["experiments"][0]
+        assert served["version"] == 5 and served["arms"][0]["threshold"] == 0.7
+        stale = client.put("/v1/admin/experiments/chat-exp", json=new_config(5, 0.9), headers=auth)
+        assert stale.status_code == 409 and "not higher" in stale.text
+        mismatch = client.put("/v1/admin/experiments/other", json=new_config(6, 0.9), headers=auth)
+        assert mismatch.status_code == 422 and "does not match" in mismatch.text
+        invalid = client.put("/v1/admin/experiments/chat-exp", json={"arms": []}, headers=auth)
+        assert invalid.status_code == 422
+        client.control.fail = True
+        down = client.put("/v1/admin/experiments/chat-exp", json=new_config(6, 0.9), headers=auth)
+        assert down.status_code == 503 and "not applied" in down.text
+        assert client.get("/v1/experiments").json()["experiments"][0]["version"] == 5
+
+
+def test_admin_auth(minilm_embedder, tmp_path):
+    with make_client(minilm_embedder, tmp_path) as client:
+        missing = client.delete("/v1/admin/namespaces/t1")
+        assert missing.status_code == 401 and "Bearer" in missing.text
+        wrong = client.delete("/v1/admin/namespaces/t1", headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 403 and "invalid" in wrong.text
+        put = client.put("/v1/admin/experiments/chat-exp", json=new_config(9, 0.5))
+        assert put.status_code == 401 and client.control.messages == []
+    with make_client(minilm_embedder, tmp_path / "b", admin_token=None) as client:
+        disabled = client.delete("/v1/admin/namespaces/t1", headers={"authorization": f"Bearer {TOKEN}"})
+        assert disabled.status_code == 403 and "disabled" in disabled.text
+
+
+def test_admin_clear_namespace(minilm_embedder, tmp_path):
+    with make_client(minilm_embedder, tmp_path) as client:
+        for namespace in ("t1", "t2"):
+            client.post("/v1/store", json={"query": "card arrival time", "answer": "3 days",
+                                           "unit_id": "u", "namespace": namespace})
+        cleared = client.delete("/v1/admin/namespaces/t1", headers={"authorization": f"Bearer {TOKEN}"})
+        assert cleared.status_code == 200 and cleared.json() == {"namespace": "t1", "removed": 1}
+        ask = {"query": "card arrival time", "unit_id": "u"}
+        assert not client.post("/v1/lookup", json={**ask, "namespace": "t1"}).json()["hit"]
+        assert client.post("/v1/lookup", json={**ask, "namespace": "t2"}).json()["hit"]
