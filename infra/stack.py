@@ -72,11 +72,12 @@ class Stack:
         self.services.append(warehouse)
         self.env["SCACHE_CLICKHOUSE__URL"] = warehouse.info["url"]
         settings = self.settings()
-        apply_migrations(connect(settings.clickhouse), settings.clickhouse.database)
+        apply_migrations(connect(settings.clickhouse, database="default"), settings.clickhouse.database)
         return warehouse
 
     def start_flink_job(self) -> Service:
         from infra.flink.resolve import connector_jar
+        from jobs.attribution_job import RUNNING_MARKER
 
         self.env.update({
             "SCACHE_FLINK__CONNECTOR_JAR": str(connector_jar()),
@@ -89,7 +90,7 @@ class Stack:
         job = spawn("flink-job", [sys.executable, str(REPO_ROOT / "jobs" / "attribution_job.py")],
                     log_path, env=self.env)
         self.services.append(job)
-        wait_until(lambda: "job submitted" in log_path.read_text(errors="replace").lower(),
+        wait_until(lambda: RUNNING_MARKER in log_path.read_text(errors="replace"),
                    timeout_s=240, what="flink job", proc=job.proc, log_path=log_path)
         return job
 
