@@ -120,6 +120,8 @@ class WindowAggregate(BaseModel):
     window_end: datetime
     experiment_id: str
     arm: str
+    variant: str = "base"
+    """"canary" or "base" (CacheEvent.variant), so a canary is separable from its arm."""
     namespace: str
     config_version: int
     intent_cluster: int
@@ -140,6 +142,39 @@ class WindowAggregate(BaseModel):
     """Counts per bucket of udfs.buckets.LATENCY_BOUNDS_MS (last bucket: above all)."""
     emitted_at_ms: int
     """Version for ReplacingMergeTree: the latest emission of a window wins."""
+
+
+class FeedbackAggregate(BaseModel):
+    """One row of ``feedback_agg``: labelled hits per feedback event-time window x the
+    dimensions of the decision the feedback was joined to (by request_id).
+
+    False-hit rate over a range = sum(wrong) / sum(correct + wrong). ReplacingMergeTree
+    keyed by the dimensions with ``emitted_at_ms`` as version: the latest emission wins.
+    """
+
+    window_start: datetime
+    window_end: datetime
+    experiment_id: str
+    arm: str
+    variant: str
+    namespace: str
+    config_version: int
+    intent_cluster: int
+    correct: int
+    wrong: int
+    emitted_at_ms: int
+
+
+class LateEventCount(BaseModel):
+    """One row of ``late_events``: decisions that arrived later than the allowed lateness
+    (their window had already been finalised), counted per window, experiment and arm."""
+
+    window_start: datetime
+    window_end: datetime
+    experiment_id: str
+    arm: str
+    late_count: int
+    emitted_at_ms: int
 
 
 # -- derived column lists -------------------------------------------------------------
