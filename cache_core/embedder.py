@@ -390,13 +390,18 @@ _STOP = object()
 
 
 class BatchingEncoder:
-    """Collects concurrent requests for up to ``max_wait_ms`` (or ``max_batch`` texts)
-    and encodes them in one call, in one worker thread that owns the model.
+    """Encodes concurrent requests together, in one worker thread that owns the model.
+
+    Greedy by default (``max_wait_ms=0``): the worker takes whatever is queued when
+    it becomes free (up to ``max_batch`` texts) and never waits for company, so a
+    lone request pays no batching delay, while under load the requests that
+    arrived during the previous encode form the next batch. (A 2 ms wait measured
+    3.6 ms added to a 4.5 ms encode at p50.) ``max_wait_ms > 0`` waits for more.
 
     Callers block on a future; a model error is raised in every caller of that batch.
     """
 
-    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 2.0):
+    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0):
         self.inner = inner
         self.dim = inner.dim
         self.max_batch = max_batch
@@ -436,10 +441,8 @@ class BatchingEncoder:
         deadline = time.monotonic() + self.max_wait_s
         while count < self.max_batch:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
             try:
-                item = self._queue.get(timeout=remaining)
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if item is _STOP:

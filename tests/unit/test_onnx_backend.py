@@ -5,6 +5,8 @@ run of this module pays it (about 10 s for fp32, a few more for int8).
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -98,3 +100,37 @@ def test_onnx_behind_the_batching_encoder(onnx_embedder, sample):
         encoder.close()
     direct, direct_norms = onnx_embedder.encode_with_norms(sample[:3])
     assert cosines(vecs, direct).min() >= 0.9999 and norms == pytest.approx(direct_norms, rel=1e-4)
+
+
+class GatedEmbedder:
+    """Blocks its first call until released, so later requests queue up meanwhile."""
+
+    dim = 2
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls: list[int] = []
+
+    def encode_with_norms(self, texts):
+        self.calls.append(len(texts))
+        if len(self.calls) == 1:
+            self.release.wait(10)
+        return np.ones((len(texts), 2), np.float32) / np.sqrt(2), np.ones(len(texts), np.float32)
+
+
+def test_greedy_batching_groups_requests_queued_during_an_encode():
+    inner = GatedEmbedder()
+    encoder = BatchingEncoder(inner, max_batch=32)  # default: no waiting for company
+    threads = [threading.Thread(target=encoder.encode, args=([f"q{i}"],)) for i in range(6)]
+    threads[0].start()
+    while not inner.calls:  # the first request is being encoded alone, at once
+        threading.Event().wait(0.001)
+    for t in threads[1:]:
+        t.start()
+    while encoder._queue.qsize() < 5:
+        threading.Event().wait(0.001)
+    inner.release.set()
+    for t in threads:
+        t.join(10)
+    encoder.close()
+    assert inner.calls == [1, 5]
