@@ -15,6 +15,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard/ first on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import pandas as pd
 import streamlit as st
 
 from cache_core.events import now_ms
@@ -372,11 +373,14 @@ def autotune_section(view: View, config) -> None:
     last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
     recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
                                 clusters=per_cluster)
-    table = [{"arm": r.arm, "cluster": "—" if r.cluster is None else r.cluster, "current": r.current,
+    table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,
               "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
               "est. hit rate then": r.recommended_hit_rate, "false-hit upper bound": r.false_hit_upper,
-              "labels": r.labelled, "why": r.reason} for r in recs]
-    st.dataframe(table, hide_index=True, key="tune_table")
+              "labels": r.labelled, "why": r.reason} for r in recs])
+    st.dataframe(table, hide_index=True, column_config={
+        "est. hit rate now": st.column_config.NumberColumn(format="percent"),
+        "est. hit rate then": st.column_config.NumberColumn(format="percent"),
+        "false-hit upper bound": st.column_config.NumberColumn(format="percent")})
     arm_recs = [r for r in recs if r.cluster is None and not r.candidates.empty]
     if arm_recs:
         shown = st.selectbox("Curve of arm", [r.arm for r in arm_recs], key="tune_curve_arm")

@@ -50,7 +50,8 @@ def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     experiment_id = f"browser-{uuid.uuid4().hex[:6]}"
     client = connect(ch_settings)
-    seed.seed(client, experiment_id)
+    now = seed.seed(client, experiment_id)
+    seed.seed_tuning(client, experiment_id, now)  # feedback labels: false-hit rates and auto-tune
     client.close()
     port = free_port()
     env = {
@@ -130,6 +131,8 @@ def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, co
         browser.screenshot(ARTIFACTS / "dashboard-control.png")
         assert browser.evaluate(CLICK_BUTTON % "Push")
         browser.wait_for("document.body.innerText.includes('as config version 2')", 60)
+        browser.wait_for(VISIBLE_CHART, 30)
+        time.sleep(3)  # the page re-runs after a push; let its tables and charts settle
         browser.screenshot(ARTIFACTS / "dashboard-control-pushed.png")
     pushed = read_latest_configs(control_kafka)[experiment_id]
     assert pushed.experiment.version == 2 and pushed.actor == "browser-test"

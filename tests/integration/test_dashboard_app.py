@@ -221,7 +221,7 @@ def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, mon
     seed.seed_tuning(client, experiment_id, datetime.now(timezone.utc))
     client.close()
     at = start()
-    recs = at.dataframe(key="tune_table").value.set_index("arm")
+    recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
     assert recs.loc["control", "action"] == "change"
     assert recs.loc["control", "recommended"] == pytest.approx(0.87)
     assert at.button(key="tune_apply").label.startswith("Apply 1")
