@@ -83,9 +83,16 @@ class FlinkSettings(BaseModel):
     window_s: int = Field(60, ge=1)
     watermark_delay_s: int = Field(5, ge=0)
     allowed_lateness_s: int = Field(30, ge=0)
-    # Raw events go to ClickHouse in event-time micro-batches of this many seconds.
-    raw_batch_s: int = Field(2, ge=1)
-    idle_timeout_s: int = Field(5, ge=1)
+    """A decision still counts if its window ended at most this long before the watermark."""
+    # Rows go to ClickHouse in processing-time batches of this many seconds.
+    raw_batch_s: int = Field(1, ge=1)
+    # Producers heartbeat every partition, so only a dead producer's partition goes idle;
+    # short timeouts mark busy partitions idle during catch-up and turn their events late.
+    idle_timeout_s: int = Field(30, ge=1)
+    feedback_join_s: int = Field(3600, ge=1, le=99 * 3600)
+    """Feedback joins a decision if it comes at most this long after it (event time)."""
+    state_ttl_s: int = Field(3600, ge=1)
+    """Deduplication (by request_id) and open-aggregate state is kept this long."""
     checkpoint_interval_s: int = Field(10, ge=1)
     checkpoint_dir: Path = Path.home() / ".cache" / "scache" / "checkpoints"
     group_id: str = "scache-attribution"

@@ -10,18 +10,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import zlib
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyflink.common import Configuration, Time, Types  # noqa: E402
+from pyflink.common import Configuration, Types  # noqa: E402
 from pyflink.datastream import StreamExecutionEnvironment  # noqa: E402
-from pyflink.datastream.window import TumblingEventTimeWindows  # noqa: E402
 from pyflink.table import StreamTableEnvironment, Table  # noqa: E402
 
-from cache_core.events import CacheEvent, flink_columns  # noqa: E402
+from cache_core.events import CacheEvent, FeedbackEvent, flink_columns  # noqa: E402
 from cache_core.logs import configure_logging  # noqa: E402
 from cache_core.settings import FlinkSettings, Settings, get_settings  # noqa: E402
 from jobs import clickhouse_sink  # noqa: E402
@@ -39,17 +37,19 @@ SHIPPED_PACKAGES = ("udfs", "cache_core", "jobs")
 
 
 # -- SQL --------------------------------------------------------------------------------
+# Everything per event runs in Flink's Java operators (parsing, lateness, dedup, joins,
+# aggregates, JSON batching) except the pandas UDFs, which see Arrow batches. Python
+# (jobs/clickhouse_sink.py) only receives a few rows per second: one JSON batch per raw
+# table per interval, and the aggregate rows that changed.
 
-def source_ddl(settings: Settings) -> str:
-    """The events topic as a Kafka/JSON table with event time ``ts`` and its watermark."""
+def _kafka_options(settings: Settings, topic: str, client: str) -> str:
     flink, kafka = settings.flink, settings.kafka
-    columns = ",\n  ".join(f"`{name}` {sql_type}" for name, sql_type in flink_columns(CacheEvent))
     options = {
         "connector": "kafka",
-        "topic": kafka.events_topic,
+        "topic": topic,
         "properties.bootstrap.servers": kafka.bootstrap_servers,
         "properties.group.id": flink.group_id,
-        "properties.client.id.prefix": f"{kafka.client_id}-attribution",
+        "properties.client.id.prefix": f"{kafka.client_id}-{client}",
         # group-offsets with no committed offsets yet: start at the beginning.
         "properties.auto.offset.reset": "earliest",
         "scan.startup.mode": flink.startup_mode,
@@ -59,37 +59,101 @@ def source_ddl(settings: Settings) -> str:
         "json.ignore-parse-errors": "true",
         "json.fail-on-missing-field": "false",
     }
-    with_clause = ",\n  ".join(f"'{k}' = '{v}'" for k, v in options.items())
+    return ",\n  ".join(f"'{k}' = '{v}'" for k, v in options.items())
+
+
+def _source_ddl(table: str, model, settings: Settings, topic: str, client: str) -> str:
+    columns = ",\n  ".join(f"`{name}` {sql_type}" for name, sql_type in flink_columns(model))
     return (
-        f"CREATE TEMPORARY TABLE events (\n  {columns},\n"
+        f"CREATE TEMPORARY TABLE {table} (\n  {columns},\n"
         f"  ts AS TO_TIMESTAMP_LTZ(ts_ms, 3),\n"
-        f"  WATERMARK FOR ts AS ts - INTERVAL '{flink.watermark_delay_s}' SECOND\n"
-        f") WITH (\n  {with_clause}\n)"
+        f"  pt AS PROCTIME(),\n"
+        f"  WATERMARK FOR ts AS ts - {_interval(watermark_lag_s(settings))}\n"
+        f") WITH (\n  {_kafka_options(settings, topic, client)}\n)"
     )
 
 
-DECISIONS_SQL = """
-SELECT *,
-  lifetime_bucket_vec(entry_age_s, entry_ttl_s) AS lifetime_bucket,
-  sim_decay_vec(similarity, entry_age_s) AS decayed_similarity,
-  latency_bucket_vec(latency_ms) AS latency_bucket
+def watermark_lag_s(settings: Settings) -> int:
+    """How far the watermark trails the newest event: out-of-orderness + allowed lateness."""
+    return settings.flink.watermark_delay_s + settings.flink.allowed_lateness_s
+
+
+def source_ddl(settings: Settings) -> str:
+    """The events topic as a Kafka/JSON table with event time ``ts``, its watermark, ``pt``."""
+    return _source_ddl("events", CacheEvent, settings, settings.kafka.events_topic, "attribution")
+
+
+def feedback_source_ddl(settings: Settings) -> str:
+    """The feedback topic, same shape (event time = when the verdict was given)."""
+    return _source_ddl("feedback", FeedbackEvent, settings, settings.kafka.feedback_topic,
+                       "attribution-feedback")
+
+
+def _window_start_ms(window_s: int, ts_ms: str = "ts_ms") -> str:
+    return f"({ts_ms} - MOD({ts_ms}, {window_s * 1000}))"
+
+
+def decisions_sql(settings: Settings) -> str:
+    """Decisions with a lateness flag, computed next to the source.
+
+    The watermark trails the newest event by watermark_delay_s + allowed_lateness_s, so a
+    window fires only once that much later event time has passed its end; an event whose
+    window has already fired is late (the window operator would drop it) and is counted in
+    late_events instead. Dimensions are NOT NULL in ClickHouse; a record missing one lands
+    in the "" / -1 group.
+    """
+    window_ms = settings.flink.window_s * 1000
+    start = _window_start_ms(settings.flink.window_s)
+    return f"""
+SELECT request_id, ts_ms, ts, pt, hit, similarity, entry_age_s, entry_ttl_s, ann_checked, ann_agree,
+  `guard`, latency_ms,
+  COALESCE(experiment_id, '') AS experiment_id, COALESCE(arm, '') AS arm,
+  COALESCE(`variant`, 'base') AS `variant`,
+  COALESCE(namespace, '') AS namespace, COALESCE(config_version, 0) AS config_version,
+  COALESCE(intent_cluster, -1) AS intent_cluster, COALESCE(index_kind, '') AS index_kind,
+  {start} AS window_start_ms,
+  COALESCE(TO_TIMESTAMP_LTZ({start} + {window_ms - 1}, 3) <= CURRENT_WATERMARK(ts), FALSE) AS is_late
 FROM events
-WHERE event_type <> 'heartbeat'
+WHERE event_type <> 'heartbeat' AND request_id IS NOT NULL AND ts_ms IS NOT NULL
 """
 
 
-def window_agg_sql(window_s: int) -> str:
-    """Tumbling event-time windows x dimensions; columns = WindowAggregate minus emitted_at_ms.
+# The publisher is at-least-once: a re-sent decision (same request_id) counts once.
+# Keep-first on processing time is append-only; its state lives state_ttl_s.
+DEDUPED_SQL = """
+SELECT * FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY request_id ORDER BY pt ASC) AS rn FROM decisions
+) WHERE rn = 1
+"""
 
-    Window bounds leave as TIMESTAMP_LTZ: PyFlink's state coders cannot hold TIMESTAMP
-    (LocalDateTime) values, which the window batching below keeps in state.
-    """
+ENRICHED_SQL = """
+SELECT ts, window_start_ms, experiment_id, arm, `variant`, namespace, config_version, intent_cluster,
+  index_kind, hit, similarity, ann_checked, ann_agree, `guard`, latency_ms,
+  lifetime_bucket_vec(entry_age_s, entry_ttl_s) AS lifetime_bucket,
+  sim_decay_vec(similarity, entry_age_s) AS decayed_similarity,
+  latency_bucket_vec(latency_ms) AS latency_bucket
+FROM decisions_deduped
+WHERE NOT is_late
+"""
+
+
+def _ts_text(ms_expr: str) -> str:
+    """Epoch ms as ClickHouse's DateTime64(3) text (the session time zone is UTC)."""
+    return f"DATE_FORMAT(TO_TIMESTAMP_LTZ({ms_expr}, 3), 'yyyy-MM-dd HH:mm:ss.SSS')"
+
+
+def _json_row(pairs: list[tuple[str, str]]) -> str:
+    return "JSON_OBJECT(" + ", ".join(f"KEY '{k}' VALUE {v}" for k, v in pairs) + ")"
+
+
+def window_agg_sql(window_s: int) -> str:
+    """Tumbling event-time windows x dimensions, emitted once when the watermark passes;
+    fields = WindowAggregate minus emitted_at_ms, in order."""
     hist = ", ".join(f"CAST(SUM(CASE WHEN latency_bucket = {i} THEN 1 ELSE 0 END) AS BIGINT)"
                      for i in range(LATENCY_BUCKETS))
     return f"""
-SELECT CAST(window_start AS TIMESTAMP_LTZ(3)) AS window_start,
-  CAST(window_end AS TIMESTAMP_LTZ(3)) AS window_end,
-  experiment_id, arm, namespace, config_version, intent_cluster, index_kind, lifetime_bucket,
+SELECT window_start_ms, window_start_ms + {window_s * 1000} AS window_end_ms,
+  experiment_id, arm, `variant`, namespace, config_version, intent_cluster, index_kind, lifetime_bucket,
   COUNT(*) AS requests,
   CAST(SUM(CASE WHEN hit THEN 1 ELSE 0 END) AS BIGINT) AS hits,
   SUM(CASE WHEN hit THEN COALESCE(decayed_similarity, 0.0) ELSE 0.0 END) AS decayed_hits,
@@ -99,68 +163,154 @@ SELECT CAST(window_start AS TIMESTAMP_LTZ(3)) AS window_start,
   CAST(SUM(CASE WHEN ann_checked AND ann_agree IS TRUE THEN 1 ELSE 0 END) AS BIGINT) AS ann_agreements,
   CAST(SUM(CASE WHEN `guard` IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT) AS guard_blocks,
   SUM(latency_ms) AS latency_sum_ms,
-  ARRAY[{hist}] AS latency_hist,
-  window_time
-FROM TABLE(TUMBLE(TABLE decisions_dims, DESCRIPTOR(ts), INTERVAL '{window_s}' SECOND))
-GROUP BY window_start, window_end, window_time,
-  experiment_id, arm, namespace, config_version, intent_cluster, index_kind, lifetime_bucket
+  ARRAY[{hist}] AS latency_hist
+FROM TABLE(TUMBLE(TABLE enriched, DESCRIPTOR(ts), INTERVAL '{window_s}' SECOND))
+GROUP BY window_start, window_end, window_start_ms, experiment_id, arm, `variant`, namespace,
+  config_version, intent_cluster, index_kind, lifetime_bucket
 """
 
 
-# Dimensions are NOT NULL in ClickHouse; a record missing one lands in the "" / -1 group.
-DIMENSIONS_SQL = """
-SELECT ts, hit, similarity, decayed_similarity, ann_checked, ann_agree, `guard`, latency_ms,
-  latency_bucket,
-  COALESCE(experiment_id, '') AS experiment_id, COALESCE(arm, '') AS arm,
-  COALESCE(namespace, '') AS namespace, COALESCE(config_version, 0) AS config_version,
-  COALESCE(intent_cluster, -1) AS intent_cluster, COALESCE(index_kind, '') AS index_kind,
-  lifetime_bucket
-FROM decisions
+def late_events_sql(window_s: int) -> str:
+    """Late decisions per window, experiment and arm (updating: a late event may come any time)."""
+    return f"""
+SELECT window_start_ms, window_start_ms + {window_s * 1000} AS window_end_ms, experiment_id, arm,
+  COUNT(*) AS late_count
+FROM decisions_deduped WHERE is_late
+GROUP BY window_start_ms, experiment_id, arm
 """
+
+
+def _interval(seconds: int) -> str:
+    """A day-time interval literal; plain SECOND literals stop at 99 s."""
+    hours, rest = divmod(seconds, 3600)
+    return f"INTERVAL '{hours}:{rest // 60:02d}:{rest % 60:02d}' HOUR TO SECOND"
+
+
+def feedback_join_sql(settings: Settings) -> str:
+    """Feedback interval-joined to the hit it judges (feedback within feedback_join_s after)."""
+    return f"""
+SELECT f.request_id, f.verdict, f.ts_ms,
+  COALESCE(d.experiment_id, '') AS experiment_id, COALESCE(d.arm, '') AS arm,
+  COALESCE(d.`variant`, 'base') AS `variant`, COALESCE(d.namespace, '') AS namespace,
+  COALESCE(d.config_version, 0) AS config_version, COALESCE(d.intent_cluster, -1) AS intent_cluster
+FROM feedback AS f
+JOIN (SELECT request_id, ts, experiment_id, arm, `variant`, namespace, config_version, intent_cluster
+      FROM events WHERE event_type = 'decision' AND hit) AS d
+ON f.request_id = d.request_id
+  AND f.ts BETWEEN d.ts AND d.ts + {_interval(settings.flink.feedback_join_s)}
+WHERE f.verdict IN ('correct', 'wrong')
+"""
+
+
+# The latest verdict on a request counts (as in feedback_raw FINAL); this also absorbs a
+# re-sent feedback or decision. Keep-last is an updating stream; the aggregate retracts.
+FEEDBACK_LATEST_SQL = """
+SELECT * FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY request_id ORDER BY jpt DESC) AS rn
+  FROM (SELECT *, PROCTIME() AS jpt FROM feedback_joined)
+) WHERE rn = 1
+"""
+
+
+def feedback_agg_sql(window_s: int) -> str:
+    """Labelled hits per feedback event-time window x decision dimensions (FeedbackAggregate)."""
+    start = _window_start_ms(window_s)
+    return f"""
+SELECT window_start_ms, window_start_ms + {window_s * 1000} AS window_end_ms,
+  experiment_id, arm, `variant`, namespace, config_version, intent_cluster,
+  CAST(SUM(CASE WHEN verdict = 'correct' THEN 1 ELSE 0 END) AS BIGINT) AS correct,
+  CAST(SUM(CASE WHEN verdict = 'wrong' THEN 1 ELSE 0 END) AS BIGINT) AS wrong
+FROM (SELECT *, {start} AS window_start_ms FROM feedback_latest)
+GROUP BY window_start_ms, experiment_id, arm, `variant`, namespace, config_version, intent_cluster
+"""
+
+
+def _as_sink_rows(table: str, view: str, columns: list[str], keys: list[str]) -> str:
+    """Rows of ``view`` as (tbl, k, body); window_* columns become DateTime64 text."""
+    def value(column: str) -> str:
+        if column in ("window_start", "window_end"):
+            return _ts_text(f"{column}_ms")
+        return f"`{column}`"
+    key_parts = [f"{k}_ms" if k in ("window_start", "window_end") else k for k in keys]
+    key = "CONCAT_WS('|', " + ", ".join(f"CAST(`{c}` AS STRING)" for c in key_parts) + ")"
+    body = _json_row([(c, value(c)) for c in columns])
+    return f"SELECT '{table}' AS tbl, {key} AS k, {body} AS body FROM {view}"
+
+
+def raw_batches_sql(table: str, source: str, columns: list[str], settings: Settings) -> str:
+    """Processing-time micro-batches of raw rows: one JSONEachRow body per batch and shard.
+
+    Processing time keeps raw rows fresh whatever the watermark (late rows included); a
+    batch replayed after a restart is absorbed by the table's ReplacingMergeTree.
+    """
+    shards = settings.flink.parallelism
+    body = _json_row([(c, f"`{c}`") for c in columns])
+    return f"""
+SELECT '{table}' AS tbl,
+  CONCAT_WS('|', CAST(window_start AS STRING), CAST(shard AS STRING)) AS k,
+  LISTAGG(row_json) AS body
+FROM TABLE(TUMBLE(TABLE {source}_rows, DESCRIPTOR(pt), INTERVAL '{settings.flink.raw_batch_s}' SECOND))
+GROUP BY window_start, window_end, shard
+""", f"SELECT pt, MOD(ts_ms, {shards}) AS shard, {body} AS row_json FROM {source}"
 
 
 # -- pipeline ---------------------------------------------------------------------------
 
+def configure_table_env(t_env: StreamTableEnvironment, settings: Settings) -> None:
+    config = t_env.get_config()
+    config.set("table.local-time-zone", "UTC")
+    config.set("table.exec.source.idle-timeout", f"{settings.flink.idle_timeout_s} s")
+    config.set("table.exec.state.ttl", f"{settings.flink.state_ttl_s} s")
+    # No mini-batch: its processing-time assigner replaces event-time watermarks downstream.
+    config.set("python.fn-execution.bundle.size", "10000")
+    config.set("python.fn-execution.arrow.batch.size", "10000")
+    config.set("python.fn-execution.bundle.time", "500")
+
+
 def build_pipeline(t_env: StreamTableEnvironment, settings: Settings) -> None:
-    """Declare source, UDFs, aggregation and both ClickHouse sinks on ``t_env``."""
-    t_env.get_config().set("table.local-time-zone", "UTC")
-    t_env.get_config().set("table.exec.source.idle-timeout", f"{settings.flink.idle_timeout_s} s")
+    """Declare sources, UDFs, dedup, aggregates, the feedback join and the one ClickHouse sink."""
+    window_s = settings.flink.window_s
+    configure_table_env(t_env, settings)
     register_all(t_env)
     t_env.execute_sql(source_ddl(settings))
-    t_env.create_temporary_view("decisions", t_env.sql_query(DECISIONS_SQL))
-    t_env.create_temporary_view("decisions_dims", t_env.sql_query(DIMENSIONS_SQL))
-    aggregates = t_env.sql_query(window_agg_sql(settings.flink.window_s))
-    raw = t_env.sql_query(
-        "SELECT " + ", ".join(f"`{n}`" for n in clickhouse_sink.RAW_COLUMNS)
-        + ", ts FROM events WHERE event_type <> 'heartbeat'")
-    _sink_window_aggregates(t_env, aggregates, settings)
-    _sink_raw_events(t_env, raw, settings)
+    t_env.execute_sql(feedback_source_ddl(settings))
+    views = {
+        "decisions": decisions_sql(settings),
+        "decisions_deduped": DEDUPED_SQL,
+        "enriched": ENRICHED_SQL,
+        "window_agg_rows": window_agg_sql(window_s),
+        "late_rows": late_events_sql(window_s),
+        "feedback_joined": feedback_join_sql(settings),
+        "feedback_latest": FEEDBACK_LATEST_SQL,
+        "feedback_agg_rows": feedback_agg_sql(window_s),
+    }
+    for name, sql in views.items():
+        t_env.create_temporary_view(name, t_env.sql_query(sql))
+    raw_events = "SELECT * FROM events WHERE event_type <> 'heartbeat'"
+    t_env.create_temporary_view("raw_events", t_env.sql_query(raw_events))
+    parts = []
+    for table, source, columns in ((clickhouse_sink.EVENTS_RAW, "raw_events", clickhouse_sink.RAW_COLUMNS),
+                                   (clickhouse_sink.FEEDBACK_RAW, "feedback",
+                                    clickhouse_sink.FEEDBACK_COLUMNS)):
+        batch_sql, rows_sql = raw_batches_sql(table, source, columns, settings)
+        t_env.create_temporary_view(f"{source}_rows", t_env.sql_query(rows_sql))
+        parts.append(batch_sql)
+    for table, view in ((clickhouse_sink.WINDOW_AGG, "window_agg_rows"),
+                        (clickhouse_sink.LATE_EVENTS, "late_rows"),
+                        (clickhouse_sink.FEEDBACK_AGG, "feedback_agg_rows")):
+        spec = clickhouse_sink.TABLES[table]
+        parts.append(_as_sink_rows(table, view, spec.input_columns, spec.keys))
+    sink_rows = t_env.sql_query("\nUNION ALL\n".join(parts))
+    _sink(t_env, sink_rows, settings)
 
 
-def _sink_window_aggregates(t_env: StreamTableEnvironment, aggregates: Table,
-                            settings: Settings) -> None:
-    # One batch = all dimension rows of one window: keyed by window start, collected in
-    # a same-size event-time window (rows carry window_time = end - 1 ms as timestamp).
-    window_start = clickhouse_sink.AGG_INPUT_COLUMNS.index("window_start")
-    (t_env.to_data_stream(aggregates)
-        .key_by(lambda row: clickhouse_sink.epoch_ms(row[window_start]), key_type=Types.LONG())
-        .window(TumblingEventTimeWindows.of(Time.seconds(settings.flink.window_s)))
-        .process(clickhouse_sink.window_agg_writer(settings.clickhouse), Types.STRING())
-        .uid("window-agg-writer").name("window_agg -> ClickHouse")
-        .print("scache-sink"))
-
-
-def _sink_raw_events(t_env: StreamTableEnvironment, raw: Table, settings: Settings) -> None:
-    # Micro-batches of raw_batch_s; a late event re-fires its batch (ReplacingMergeTree by
-    # request_id absorbs the repeat) until allowed_lateness_s, so lateness loses no raw row.
-    request_id = clickhouse_sink.RAW_COLUMNS.index("request_id")
-    shards = settings.flink.parallelism
-    (t_env.to_data_stream(raw)
-        .key_by(lambda row: zlib.crc32(row[request_id].encode()) % shards, key_type=Types.INT())
-        .window(TumblingEventTimeWindows.of(Time.seconds(settings.flink.raw_batch_s)))
-        .allowed_lateness(settings.flink.allowed_lateness_s * 1000)
-        .process(clickhouse_sink.events_raw_writer(settings.clickhouse), Types.STRING())
-        .uid("events-raw-writer").name("events_raw -> ClickHouse")
+def _sink(t_env: StreamTableEnvironment, sink_rows: Table, settings: Settings) -> None:
+    # Keyed by table: each table's pending rows flush as one insert per batch interval.
+    (t_env.to_changelog_stream(sink_rows)
+        .key_by(lambda row: row[0], key_type=Types.STRING())
+        .process(clickhouse_sink.ClickHouseSink(settings.clickhouse, settings.flink.raw_batch_s),
+                 Types.STRING())
+        .uid("clickhouse-sink").name("-> ClickHouse")
         .print("scache-sink"))
 
 

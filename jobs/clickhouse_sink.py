@@ -1,10 +1,16 @@
-"""Batched, idempotent ClickHouse writes for the attribution job.
+"""The attribution job's one ClickHouse sink: batched, idempotent, checkpoint-safe.
 
-A Flink event-time window collects the rows of one batch in keyed (checkpointed) state;
-when it fires, ``ClickHouseBatchWriter`` inserts them in ONE insert. A failed insert
-raises, the job restarts from its last checkpoint and the batch fires again. Repeats are
-harmless: the tables are ReplacingMergeTrees keyed by the row's identity, and every
-insert carries an ``insert_deduplication_token`` derived from the batch's content.
+Flink SQL hands this operator rows ``(tbl, k, body)`` where ``body`` is JSON:
+
+- raw tables (events_raw, feedback_raw): ``body`` is a whole processing-time batch of
+  JSONEachRow rows, built in Java (JSON_OBJECT + LISTAGG); it is inserted as it arrives.
+- aggregate tables (window_agg, late_events, feedback_agg): one updating row per key
+  ``k``; the latest version of each key waits in keyed MapState (checkpointed) and every
+  ``flush_s`` all pending keys of a table go out in ONE insert, stamped ``emitted_at_ms``.
+
+Every table is a ReplacingMergeTree over the row's identity (request_id or the window x
+dimensions, latest ``emitted_at_ms`` winning), so a batch written again after a restart
+from checkpoint replaces rather than doubles; a failed insert raises, and the job restarts.
 """
 from __future__ import annotations
 
@@ -12,27 +18,63 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from pyflink.datastream.functions import ProcessWindowFunction
+from pyflink.common import Types
+from pyflink.common.types import RowKind
+from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
-from cache_core.events import CacheEvent, WindowAggregate, clickhouse_columns, flink_columns
+from cache_core.events import (
+    CacheEvent, FeedbackAggregate, FeedbackEvent, LateEventCount, WindowAggregate,
+    clickhouse_columns, flink_columns,
+)
 from cache_core.settings import ClickHouseSettings
 
 log = logging.getLogger(__name__)
 
 EVENTS_RAW = "events_raw"
+FEEDBACK_RAW = "feedback_raw"
 WINDOW_AGG = "window_agg"
+LATE_EVENTS = "late_events"
+FEEDBACK_AGG = "feedback_agg"
 
 RAW_COLUMNS = [name for name, _ in clickhouse_columns(CacheEvent)]
+FEEDBACK_COLUMNS = [name for name, _ in clickhouse_columns(FeedbackEvent)]
 AGG_COLUMNS = list(WindowAggregate.model_fields)
-AGG_DIMENSIONS = ["experiment_id", "arm", "namespace", "config_version", "intent_cluster",
+AGG_DIMENSIONS = ["experiment_id", "arm", "variant", "namespace", "config_version", "intent_cluster",
                   "index_kind", "lifetime_bucket"]
 # The Flink rows carry the same fields as the ClickHouse columns, in this order;
-# window_agg rows have no emitted_at_ms yet (stamped at write time).
+# aggregate rows have no emitted_at_ms yet (stamped at write time).
 AGG_INPUT_COLUMNS = [c for c in AGG_COLUMNS if c != "emitted_at_ms"]
 assert RAW_COLUMNS == [name for name, _ in flink_columns(CacheEvent)]
+
+
+@dataclass(frozen=True)
+class AggregateTable:
+    """An updating aggregate's table: its columns (minus emitted_at_ms) and sorting key."""
+
+    model: type
+    keys: list[str]
+    input_columns: list[str] = field(init=False)
+    counters: list[str] = field(init=False)
+
+    def __post_init__(self):
+        columns = [c for c in self.model.model_fields if c != "emitted_at_ms"]
+        object.__setattr__(self, "input_columns", columns)
+        object.__setattr__(self, "counters", [c for c in columns if c not in self.keys
+                                              and c != "window_end"])
+
+
+TABLES = {
+    WINDOW_AGG: AggregateTable(WindowAggregate, ["window_start", *AGG_DIMENSIONS]),
+    LATE_EVENTS: AggregateTable(LateEventCount, ["window_start", "experiment_id", "arm"]),
+    FEEDBACK_AGG: AggregateTable(FeedbackAggregate, ["window_start", "experiment_id", "arm", "variant",
+                                                     "namespace", "config_version", "intent_cluster"]),
+}
+RAW_TABLES = (EVENTS_RAW, FEEDBACK_RAW)
 
 
 def utc(value) -> datetime:
@@ -48,19 +90,25 @@ def epoch_ms(value) -> int:
     return int(utc(value).timestamp() * 1000)
 
 
-def window_agg_row(values: Sequence, emitted_at_ms: int) -> list:
-    """A Flink aggregate row (AGG_INPUT_COLUMNS order) as a window_agg insert row."""
-    row = dict(zip(AGG_INPUT_COLUMNS, values))
-    row["window_start"] = utc(row["window_start"])
-    row["window_end"] = utc(row["window_end"])
-    row["latency_hist"] = [int(c) for c in row["latency_hist"]]
-    row["emitted_at_ms"] = emitted_at_ms
-    return [row[c] for c in AGG_COLUMNS]
+def stamp(body: str, emitted_at_ms: int) -> str:
+    """Append ``emitted_at_ms`` to a JSON object's text (no re-parse on the hot path)."""
+    return f'{body[:-1]},"emitted_at_ms":{emitted_at_ms}}}'
 
 
-def raw_event_row(values: Sequence, emitted_at_ms: int = 0) -> list:
-    """A Flink source row (RAW_COLUMNS order, extra trailing columns ignored) as-is."""
-    return list(values[:len(RAW_COLUMNS)])
+def emptied(table: str, body: str) -> str:
+    """A deleted aggregate key (all its rows retracted) as the same row with zero counts."""
+    row = json.loads(body)
+    for column in TABLES[table].counters:
+        if column not in row:
+            continue
+        value = row[column]
+        row[column] = [0] * len(value) if isinstance(value, list) else 0
+    return json.dumps(row, separators=(",", ":"))
+
+
+def insert_body(pending: Iterable[str], emitted_at_ms: int) -> str:
+    """Pending aggregate rows as one JSONEachRow body, all stamped with one version."""
+    return "\n".join(stamp(body, emitted_at_ms) for body in pending)
 
 
 def dedup_token(table: str, key: object, rows: Iterable[Sequence], skip: Sequence[int] = ()) -> str:
@@ -76,44 +124,50 @@ def dedup_token(table: str, key: object, rows: Iterable[Sequence], skip: Sequenc
     return f"{table}:{key}:{digest.hexdigest()[:24]}"
 
 
-class ClickHouseBatchWriter(ProcessWindowFunction):
-    """Writes all rows of one fired window as one insert; emits (key, window end, rows)."""
+class ClickHouseSink(KeyedProcessFunction):
+    """Keyed by table name; emits one log line per insert."""
 
-    def __init__(self, ch: ClickHouseSettings, table: str, columns: list[str],
-                 to_row: Callable[[Sequence, int], list], token_skip: Sequence[int] = ()):
+    def __init__(self, ch: ClickHouseSettings, flush_s: int):
         self._ch = ch
-        self._table = table
-        self._columns = columns
-        self._to_row = to_row
-        self._token_skip = tuple(token_skip)
+        self._flush_ms = flush_s * 1000
         self._client = None
 
-    def open(self, runtime_context) -> None:
+    def open(self, runtime_context: RuntimeContext) -> None:
         from cache_core.chclient import connect
 
         self._client = connect(self._ch)
+        self._pending = runtime_context.get_map_state(
+            MapStateDescriptor("pending", Types.STRING(), Types.STRING()))
+        self._due = runtime_context.get_state(ValueStateDescriptor("flush-due", Types.LONG()))
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
 
-    def process(self, key, context: ProcessWindowFunction.Context, elements: Iterable):
-        now_ms = int(time.time() * 1000)
-        rows = [self._to_row(element, now_ms) for element in elements]
-        if not rows:
+    def process_element(self, value, ctx: KeyedProcessFunction.Context):
+        table, key, body = value[0], value[1], value[2]
+        kind = value.get_row_kind()
+        if table in RAW_TABLES:
+            yield self._insert(table, body, rows=body.count("},{") + 1)
             return
-        token = dedup_token(self._table, f"{key}:{context.window().end}", rows, self._token_skip)
-        self._client.insert(self._table, rows, column_names=self._columns,
-                            database=self._ch.database,
-                            settings={"insert_deduplication_token": token})
-        yield f"{self._table} key={key} window_end_ms={context.window().end} rows={len(rows)}"
+        if kind == RowKind.UPDATE_BEFORE:
+            return  # its UPDATE_AFTER follows with the new values
+        self._pending.put(key, emptied(table, body) if kind == RowKind.DELETE else body)
+        if self._due.value() is None:
+            due = ctx.timer_service().current_processing_time() + self._flush_ms
+            ctx.timer_service().register_processing_time_timer(due)
+            self._due.update(due)
 
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        pending = list(self._pending.values())
+        if pending:
+            body = insert_body(pending, int(time.time() * 1000))
+            yield self._insert(ctx.get_current_key(), body, rows=len(pending))
+        self._pending.clear()
+        self._due.clear()
 
-def window_agg_writer(ch: ClickHouseSettings) -> ClickHouseBatchWriter:
-    return ClickHouseBatchWriter(ch, WINDOW_AGG, AGG_COLUMNS, window_agg_row,
-                                 token_skip=[AGG_COLUMNS.index("emitted_at_ms")])
-
-
-def events_raw_writer(ch: ClickHouseSettings) -> ClickHouseBatchWriter:
-    return ClickHouseBatchWriter(ch, EVENTS_RAW, RAW_COLUMNS, raw_event_row)
-
+    def _insert(self, table: str, body: str, rows: int) -> str:
+        started = time.monotonic()
+        self._client.raw_insert(table, insert_block=body.encode(), fmt="JSONEachRow",
+                                settings={"input_format_skip_unknown_fields": 1})
+        return f"{table} rows={rows} insert_ms={(time.monotonic() - started) * 1000:.0f}"

@@ -1,8 +1,6 @@
 """jobs/: the generated SQL and the sink's pure helpers (no services)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from cache_core.events import CacheEvent, WindowAggregate, flink_columns
 from cache_core.settings import Settings
 from jobs import attribution_job as job
@@ -21,7 +19,9 @@ def test_source_ddl_has_every_event_column_and_settings():
     for name, sql_type in flink_columns(CacheEvent):
         assert f"`{name}` {sql_type}" in ddl
     assert "ts AS TO_TIMESTAMP_LTZ(ts_ms, 3)" in ddl
-    assert "WATERMARK FOR ts AS ts - INTERVAL '2' SECOND" in ddl
+    # watermark_delay_s (2) + allowed_lateness_s (default 30)
+    assert "WATERMARK FOR ts AS ts - INTERVAL '0:00:32' HOUR TO SECOND" in ddl
+    assert "pt AS PROCTIME()" in ddl
     for option in ("'topic' = 'ev'", "'properties.bootstrap.servers' = '10.1.2.3:9092'",
                    "'properties.group.id' = 'g1'", "'scan.startup.mode' = 'latest-offset'",
                    "'scan.watermark.idle-timeout' = '3 s'", "'format' = 'json'"):
@@ -39,16 +39,39 @@ def test_window_sql_outputs_window_aggregate_fields_in_order():
 
 
 def test_heartbeats_are_filtered_from_aggregates_and_raw():
-    assert "event_type <> 'heartbeat'" in job.DECISIONS_SQL
+    assert "event_type <> 'heartbeat'" in job.decisions_sql(_settings())
+    assert "event_type = 'decision' AND hit" in job.feedback_join_sql(_settings())
 
 
-def test_window_agg_row_is_utc_and_stamped():
-    start = datetime(2026, 1, 1, 12, 0, 0)
-    values = [start, datetime(2026, 1, 1, 12, 1, 0), "e", "a", "ns", 1, 2, "flat", "fresh",
-              10, 5, 3.5, 8.0, 9, 2, 2, 0, 120.0, [1] * LATENCY_BUCKETS]
-    row = sink.window_agg_row(values, emitted_at_ms=42)
-    assert row[0] == start.replace(tzinfo=timezone.utc) and row[-1] == 42
-    assert len(row) == len(sink.AGG_COLUMNS)
+def test_lateness_flag_matches_window_firing():
+    # A window [s, s+w) fires when the watermark reaches s+w-1: later events are late.
+    sql = job.decisions_sql(_settings(window_s=7))
+    assert "TO_TIMESTAMP_LTZ((ts_ms - MOD(ts_ms, 7000)) + 6999, 3) <= CURRENT_WATERMARK(ts)" in sql
+
+
+def test_interval_literal_beyond_99_seconds():
+    assert job._interval(3600) == "INTERVAL '1:00:00' HOUR TO SECOND"
+    assert job._interval(95) == "INTERVAL '0:01:35' HOUR TO SECOND"
+    assert "INTERVAL '1:00:00' HOUR TO SECOND" in job.feedback_join_sql(_settings(feedback_join_s=3600))
+
+
+def test_sink_rows_carry_table_key_and_json_body():
+    spec = sink.TABLES[sink.WINDOW_AGG]
+    assert spec.input_columns == sink.AGG_INPUT_COLUMNS
+    sql = job._as_sink_rows(sink.WINDOW_AGG, "v", spec.input_columns, spec.keys)
+    assert sql.startswith("SELECT 'window_agg' AS tbl, CONCAT_WS('|', CAST(`window_start_ms` AS STRING)")
+    assert "KEY 'window_start' VALUE DATE_FORMAT(TO_TIMESTAMP_LTZ(window_start_ms, 3)" in sql
+    assert "KEY 'variant' VALUE `variant`" in sql
+
+
+def test_stamped_and_emptied_rows():
+    body = '{"window_start":"2026-01-01 12:00:00.000","experiment_id":"e","correct":3,"wrong":1}'
+    assert sink.stamp(body, 42) == body[:-1] + ',"emitted_at_ms":42}'
+    assert sink.insert_body([body, body], 7).count('"emitted_at_ms":7') == 2
+    zero = sink.emptied(sink.FEEDBACK_AGG, body)
+    assert '"correct":0' in zero and '"wrong":0' in zero and '"experiment_id":"e"' in zero
+    hist = sink.emptied(sink.WINDOW_AGG, '{"requests":4,"latency_hist":[1,3],"arm":"a"}')
+    assert hist == '{"requests":0,"latency_hist":[0,0],"arm":"a"}'
 
 
 def test_dedup_token_ignores_emission_time_and_row_order():
