@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from kafka import KafkaProducer
 
-from cache_core.events import CacheEvent
+from cache_core.events import CacheEvent, FeedbackEvent
 from udfs.buckets import LATENCY_BUCKETS, latency_bucket_index, lifetime_bucket
 from udfs.decay import sim_decay
 
@@ -43,7 +43,7 @@ def make_events(base_ms: int, window_s: int, n: int = 180, seed: int = 7,
             index_kind=rng.choice(("flat", "hnsw")), ann_checked=checked,
             ann_agree=(rng.random() < 0.9) if checked else None,
             guard="negation" if (not hit and rng.random() < 0.1) else None,
-            latency_ms=rng.choice(LATENCIES_MS),
+            latency_ms=rng.choice(LATENCIES_MS), variant=rng.choice(("base", "base", "canary")),
         ))
     # In event-time order, as a cache produces them (the job drops events later than the
     # watermark delay from its windows; see jobs/attribution_job.py).
@@ -119,3 +119,118 @@ def warehouse_totals(client, experiment_ids: list[str]) -> dict[tuple[str, str],
         t["latency_hist"] = [a + b for a, b in zip(t["latency_hist"], hist)]
         t["lifetime_buckets"].add(bucket)
     return dict(totals)
+
+
+# -- full-key references (every window_agg / late_events / feedback_agg row) ----------
+
+def _window_start(ts_ms: int, window_s: int) -> int:
+    return ts_ms - ts_ms % (window_s * 1000)
+
+
+def unique(events: Iterable[CacheEvent]) -> list[CacheEvent]:
+    """First copy of each request_id (the job dedupes the at-least-once publisher's repeats)."""
+    seen: dict[str, CacheEvent] = {}
+    for e in events:
+        seen.setdefault(e.request_id, e)
+    return list(seen.values())
+
+
+def expected_windows(events: Iterable[CacheEvent], window_s: int) -> dict[tuple, dict]:
+    """window_agg FINAL, keyed by (window_start_ms, experiment_id, arm, variant, namespace,
+    config_version, intent_cluster, index_kind, lifetime_bucket)."""
+    rows: dict[tuple, dict] = {}
+    for e in unique(events):
+        key = (_window_start(e.ts_ms, window_s), e.experiment_id, e.arm, e.variant, e.namespace,
+               e.config_version, e.intent_cluster, e.index_kind,
+               lifetime_bucket(e.entry_age_s, e.entry_ttl_s))
+        r = rows.setdefault(key, {"requests": 0, "hits": 0, "decayed_hits": 0.0, "similarity_sum": 0.0,
+                                  "similarity_count": 0, "ann_checks": 0, "ann_agreements": 0,
+                                  "guard_blocks": 0, "latency_sum_ms": 0.0,
+                                  "latency_hist": [0] * LATENCY_BUCKETS})
+        r["requests"] += 1
+        r["hits"] += int(e.hit)
+        if e.hit:
+            r["decayed_hits"] += sim_decay(e.similarity, e.entry_age_s) or 0.0
+        r["similarity_sum"] += e.similarity or 0.0
+        r["similarity_count"] += int(e.similarity is not None)
+        r["ann_checks"] += int(e.ann_checked)
+        r["ann_agreements"] += int(e.ann_checked and e.ann_agree is True)
+        r["guard_blocks"] += int(e.guard is not None)
+        r["latency_sum_ms"] += e.latency_ms
+        index = latency_bucket_index(e.latency_ms)
+        if index is not None:
+            r["latency_hist"][index] += 1
+    return {k: _rounded(v) for k, v in rows.items()}
+
+
+def _rounded(row: dict) -> dict:
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def warehouse_windows(client, experiment_ids: list[str]) -> dict[tuple, dict]:
+    result = client.query(
+        "SELECT toUnixTimestamp64Milli(window_start), experiment_id, arm, variant, namespace, config_version,"
+        " intent_cluster, index_kind, lifetime_bucket, requests, hits, decayed_hits, similarity_sum,"
+        " similarity_count, ann_checks, ann_agreements, guard_blocks, latency_sum_ms, latency_hist"
+        " FROM window_agg FINAL WHERE experiment_id IN {ids:Array(String)}", parameters={"ids": experiment_ids})
+    names = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count", "ann_checks",
+             "ann_agreements", "guard_blocks", "latency_sum_ms", "latency_hist"]
+    return {tuple(row[:9]): _rounded(dict(zip(names, row[9:]))) for row in result.result_rows}
+
+
+def expected_late(events: Iterable[CacheEvent], window_s: int) -> dict[tuple, int]:
+    """late_events FINAL: (window_start_ms, experiment_id, arm) -> late_count."""
+    counts: dict[tuple, int] = defaultdict(int)
+    for e in unique(events):
+        counts[(_window_start(e.ts_ms, window_s), e.experiment_id, e.arm)] += 1
+    return dict(counts)
+
+
+def warehouse_late(client, experiment_ids: list[str]) -> dict[tuple, int]:
+    rows = client.query(
+        "SELECT toUnixTimestamp64Milli(window_start), experiment_id, arm, late_count FROM late_events FINAL"
+        " WHERE experiment_id IN {ids:Array(String)}", parameters={"ids": experiment_ids}).result_rows
+    return {tuple(r[:3]): r[3] for r in rows if r[3]}
+
+
+def expected_feedback(decisions: Iterable[CacheEvent], feedback: Iterable[FeedbackEvent],
+                      window_s: int, join_s: int) -> dict[tuple, tuple[int, int]]:
+    """feedback_agg FINAL: the latest verdict per request, joined to its hit when it came
+    within join_s after it, per (feedback window, decision dimensions) -> (correct, wrong)."""
+    hits = {e.request_id: e for e in unique(decisions) if e.hit and e.event_type == "decision"}
+    latest: dict[str, FeedbackEvent] = {}
+    for f in feedback:  # produced in order, so the last one produced is the latest
+        d = hits.get(f.request_id)
+        if d is not None and d.ts_ms <= f.ts_ms <= d.ts_ms + join_s * 1000:
+            latest[f.request_id] = f
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for rid, f in latest.items():
+        d = hits[rid]
+        key = (_window_start(f.ts_ms, window_s), d.experiment_id, d.arm, d.variant, d.namespace,
+               d.config_version, d.intent_cluster)
+        counts[key][0 if f.verdict == "correct" else 1] += 1
+    return {k: tuple(v) for k, v in counts.items()}
+
+
+def warehouse_feedback(client, experiment_ids: list[str]) -> dict[tuple, tuple[int, int]]:
+    rows = client.query(
+        "SELECT toUnixTimestamp64Milli(window_start), experiment_id, arm, variant, namespace, config_version,"
+        " intent_cluster, correct, wrong FROM feedback_agg FINAL WHERE experiment_id IN {ids:Array(String)}",
+        parameters={"ids": experiment_ids}).result_rows
+    return {tuple(r[:7]): (r[7], r[8]) for r in rows if r[7] or r[8]}
+
+
+def produce_feedback(bootstrap: str, topic: str, feedback: Iterable[FeedbackEvent]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        for f in feedback:
+            producer.send(topic, key=f.kafka_key(), value=f.model_dump_json().encode())
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+
+
+def jittered(events: list[CacheEvent], max_back_ms: int, seed: int = 3) -> list[CacheEvent]:
+    """Out of order by at most ``max_back_ms``: no event follows one more than that newer."""
+    rng = random.Random(seed)
+    return sorted(events, key=lambda e: e.ts_ms - rng.randrange(0, max_back_ms))

@@ -1,69 +1,136 @@
-"""The attribution job end to end: real broker -> PyFlink mini-cluster -> real warehouse."""
+"""The attribution job end to end: real broker -> PyFlink mini-cluster -> real warehouse.
+
+A generated stream with known answers (out-of-order within the allowed lateness, late
+events beyond it, duplicates of the at-least-once publisher, feedback after the decision,
+a changed verdict, feedback outside the join bound) must make every row of window_agg,
+late_events and feedback_agg equal a reference computed in plain Python from the same
+events; a job killed mid-stream and restarted from its checkpoint must not double-count.
+"""
 from __future__ import annotations
 
+import random
 import time
 import uuid
 
 import pytest
 
+from cache_core.events import CacheEvent, FeedbackEvent
 from infra.runtime import wait_until
+from jobs.attribution_job import latest_checkpoint
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import (
-    expected_totals, heartbeats, make_events, produce, warehouse_totals,
+    expected_feedback, expected_late, expected_windows, heartbeats, jittered, make_events, produce,
+    produce_feedback, warehouse_feedback, warehouse_late, warehouse_windows,
 )
 
 pytestmark = pytest.mark.integration
 
 WINDOW_S = int(FAST_JOB_ENV["SCACHE_FLINK__WINDOW_S"])
+JOIN_S = 60
 RESULT_TIMEOUT_S = 180.0
 
 
-def _raw_count(client, experiment_ids: list[str]) -> int:
-    return client.query(
-        "SELECT count() FROM events_raw FINAL WHERE experiment_id IN {ids:Array(String)}",
-        parameters={"ids": experiment_ids}).result_rows[0][0]
+def _count(client, table: str, column: str, values: list[str]) -> int:
+    return client.query(f"SELECT count() FROM {table} FINAL WHERE {column} IN {{v:Array(String)}}",
+                        parameters={"v": values}).result_rows[0][0]
 
 
-def _comparable(totals: dict) -> dict:
-    return {key: {**t, "decayed_hits": round(t["decayed_hits"], 6)} for key, t in totals.items()}
+def _wait_equal(what: str, got, expected, job) -> None:
+    try:
+        wait_until(lambda: got() == expected, RESULT_TIMEOUT_S, what, interval_s=1.0,
+                   proc=job.proc, log_path=job.log_path)
+    except TimeoutError:
+        assert got() == expected, what  # shows the difference
+        raise
 
 
-def test_window_totals_per_arm_match_python_reference(kafka_settings, ch_settings, ch_client,
-                                                      flink_job_factory):
+def _late_events(base_ms: int, suffix: str, n: int = 12) -> list[CacheEvent]:
+    """Decisions for the first window, produced after it fired: beyond the allowed lateness."""
+    return [CacheEvent(ts_ms=base_ms + 100 * i, experiment_id=("exp-a" if i % 2 else "exp-b") + suffix,
+                       arm="control" if i % 2 else "only", unit_id=f"late{i}", decision="miss",
+                       latency_ms=5.0) for i in range(n)]
+
+
+def _feedback(events: list[CacheEvent], rng: random.Random) -> list[FeedbackEvent]:
+    hits = [e for e in events if e.hit][:40]
+    out = [FeedbackEvent(request_id=e.request_id, verdict=rng.choice(("correct", "wrong")),
+                         ts_ms=e.ts_ms + rng.randrange(500, 5000), source="test") for e in hits]
+    # A changed verdict (the later one counts), feedback on misses (no hit to join),
+    # and feedback after the join bound (stored raw, not aggregated).
+    out += [FeedbackEvent(request_id=f.request_id, verdict="wrong" if f.verdict == "correct" else "correct",
+                          ts_ms=f.ts_ms + 1000, source="test") for f in out[:3]]
+    out += [FeedbackEvent(request_id=e.request_id, verdict="wrong", ts_ms=e.ts_ms + 800, source="test")
+            for e in events if not e.hit][:2]
+    out.append(FeedbackEvent(request_id=hits[-1].request_id, verdict="wrong", source="test",
+                             ts_ms=hits[-1].ts_ms + (JOIN_S + 60) * 1000))
+    return out
+
+
+def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, ch_client, flink_job_factory):
     started = time.monotonic()
-    job = flink_job_factory(job_env(kafka_settings, ch_settings))
+    job = flink_job_factory(job_env(kafka_settings, ch_settings, SCACHE_FLINK__FEEDBACK_JOIN_S=str(JOIN_S)))
     startup_s = time.monotonic() - started
-
     suffix = f"-{uuid.uuid4().hex[:8]}"
     base_ms = int(time.time() * 1000) - 60_000
     events = make_events(base_ms, WINDOW_S, suffix=suffix)
+    duplicates = events[::17]
     # Heartbeats far past the events close every window on every partition.
     closing = heartbeats(base_ms + (2 * WINDOW_S + 10) * 1000, kafka_settings.events_partitions)
-    produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, events, closing)
+    produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic,
+            jittered(events, max_back_ms=1900) + duplicates, closing)
     produced = time.monotonic()
-
     experiment_ids = sorted({e.experiment_id for e in events})
-    expected = _comparable(expected_totals(events))
-    assert len(expected) == 3 and all(t["requests"] for t in expected.values())
+    expected = expected_windows(events, WINDOW_S)
+    assert len({k[1:3] for k in expected}) == 3 and len({k[3] for k in expected}) == 2
 
-    def done() -> bool:
-        return (_comparable(warehouse_totals(ch_client, experiment_ids)) == expected
-                and _raw_count(ch_client, experiment_ids) == len(events))
+    _wait_equal("window_agg rows", lambda: warehouse_windows(ch_client, experiment_ids), expected, job)
+    windows_s = time.monotonic() - produced
 
-    try:
-        wait_until(done, RESULT_TIMEOUT_S, "window_agg totals", interval_s=1.0,
-                   proc=job.proc, log_path=job.log_path)
-    except TimeoutError:
-        got = _comparable(warehouse_totals(ch_client, experiment_ids))
-        assert got == expected  # shows the difference
-        assert _raw_count(ch_client, experiment_ids) == len(events)
-        raise
-    print(f"job startup {startup_s:.1f}s, events -> warehouse {time.monotonic() - produced:.1f}s")
+    # Phase 2, after every window has fired: late decisions (and a late duplicate), feedback.
+    late = _late_events(base_ms, suffix)
+    feedback = _feedback(events, random.Random(11))
+    produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, late + events[:1])
+    produce_feedback(kafka_settings.bootstrap_servers, kafka_settings.feedback_topic, feedback)
+    expected_fb = expected_feedback(events, feedback, WINDOW_S, JOIN_S)
+    assert sum(c + w for c, w in expected_fb.values()) == 40  # changed verdicts count once
 
-    # Re-emission replaces, never doubles: FINAL keeps one row per window x dimensions.
-    dupes = ch_client.query(
-        "SELECT count() FROM (SELECT window_start, experiment_id, arm, namespace, config_version,"
-        " intent_cluster, index_kind, lifetime_bucket, count() AS n FROM window_agg FINAL"
-        " WHERE experiment_id IN {ids:Array(String)} GROUP BY ALL HAVING n > 1)",
-        parameters={"ids": experiment_ids}).result_rows[0][0]
-    assert dupes == 0
+    _wait_equal("late_events rows", lambda: warehouse_late(ch_client, experiment_ids),
+                expected_late(late, WINDOW_S), job)
+    _wait_equal("feedback_agg rows", lambda: warehouse_feedback(ch_client, experiment_ids), expected_fb, job)
+    ids = [e.request_id for e in events + late]
+    _wait_equal("events_raw FINAL rows", lambda: _count(ch_client, "events_raw", "request_id", ids), len(ids), job)
+    fb_ids = sorted({f.request_id for f in feedback})
+    assert _count(ch_client, "feedback_raw", "request_id", fb_ids) == len(fb_ids)
+    # Late events never leak into the windows they missed.
+    assert warehouse_windows(ch_client, experiment_ids) == expected
+    print(f"job startup {startup_s:.1f}s, events -> window_agg {windows_s:.1f}s")
+
+
+def test_kill_mid_stream_and_restart_from_checkpoint_does_not_double_count(
+        kafka_settings, ch_settings, ch_client, flink_job_factory, tmp_path):
+    env = job_env(kafka_settings, ch_settings,
+                  SCACHE_FLINK__CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
+                  SCACHE_FLINK__GROUP_ID=f"restart-{uuid.uuid4().hex[:8]}")
+    first = flink_job_factory(env)
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    base_ms = int(time.time() * 1000) - 60_000
+    events = make_events(base_ms, WINDOW_S, n=240, seed=9, suffix=suffix)
+    half = len(events) // 2
+    produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, events[:half])
+    ids = [e.request_id for e in events]
+    wait_until(lambda: _count(ch_client, "events_raw", "request_id", ids[:half]) == half, RESULT_TIMEOUT_S,
+               "first half in events_raw", proc=first.proc, log_path=first.log_path)
+    consumed_at = time.time()
+    wait_until(lambda: (chk := latest_checkpoint(tmp_path / "checkpoints")) is not None
+               and chk.stat().st_mtime > consumed_at, 60, "a checkpoint after the first half",
+               proc=first.proc, log_path=first.log_path)
+    first.kill()  # kill -9 with windows still open (no heartbeat has closed them)
+
+    closing = heartbeats(base_ms + (2 * WINDOW_S + 10) * 1000, kafka_settings.events_partitions)
+    produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, events[half:], closing)
+    second = flink_job_factory(env)
+    assert "resuming from checkpoint" in second.log_path.read_text(errors="replace")
+    experiment_ids = sorted({e.experiment_id for e in events})
+    _wait_equal("window_agg rows after restart", lambda: warehouse_windows(ch_client, experiment_ids),
+                expected_windows(events, WINDOW_S), second)
+    assert _count(ch_client, "events_raw", "request_id", ids) == len(ids)
