@@ -83,7 +83,8 @@ class Stack:
             "SCACHE_FLINK__CONNECTOR_JAR": str(connector_jar()),
             "SCACHE_FLINK__WINDOW_S": str(self.window_s),
             "SCACHE_FLINK__WATERMARK_DELAY_S": "2",
-            "SCACHE_FLINK__IDLE_TIMEOUT_S": "2",
+            "SCACHE_FLINK__IDLE_TIMEOUT_S": "30",  # heartbeats keep partitions advancing
+            "SCACHE_FLINK__ALLOWED_LATENESS_S": "2",
             "SCACHE_FLINK__CHECKPOINT_DIR": str(self.state_dir / "checkpoints"),
         })
         log_path = self.state_dir / "logs" / "flink-job.log"
