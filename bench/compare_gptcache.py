@@ -106,7 +106,7 @@ def run_scache(backend: str, scenario: dict) -> dict:
         started = time.perf_counter()
         result = cache.lookup(query, unit_id="bench")
         latencies.append((time.perf_counter() - started) * 1000)
-        sims.append(result.similarity)
+        sims.append(None if result.similarity is None else float(result.similarity))
         answers.append(result.answer)
     return {"similarity": sims, "answer": answers, "latency_ms": latencies}
 
@@ -292,7 +292,7 @@ def main() -> None:
     plot(grid, curves, RESULTS / "threshold_curves.png")
     table = markdown(results)
     summary = defaults_line(results)
-    (RESULTS / "compare_gptcache.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "compare_gptcache.json").write_text(json.dumps(results, indent=1, default=float))
     (RESULTS / "compare_gptcache.md").write_text(
         f"# scache vs GPTCache {results['gptcache_version']}\n\n"
         f"Matched cosine thresholds; GPTCache's own t in parentheses.\n\n{table}\n\n{summary}\n")

@@ -49,7 +49,7 @@ class RecordingEvaluation(SearchDistanceEvaluation):
 
 
 def rank_to_cosine(rank: float) -> float:
-    return (rank - 2.0) / 2.0
+    return (float(rank) - 2.0) / 2.0
 
 
 def build_cache(workdir: Path, encoder: SBERT, store: list[list[str]]) -> tuple[Cache, RecordingEvaluation]:
