@@ -26,8 +26,9 @@ from cache_core.index import IndexSpec, VectorIndex, set_search_threads
 from cache_core.service import create_app
 from cache_core.settings import CacheSettings, Settings
 from infra.runtime import free_port, wait_until
+from infra.runtime import BANKING77_DIR
 
-BANKING77 = "/work/shared/data/banking77"
+BANKING77 = BANKING77_DIR
 
 
 class NullPublisher:

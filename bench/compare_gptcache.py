@@ -37,8 +37,9 @@ from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.index import set_search_threads
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import CacheSettings
+from infra.runtime import shared_data_dir
 
-DATA = Path("/work/shared/data")
+DATA = shared_data_dir()
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 COSINES = [0.6, 0.7, 0.8, 0.82, 0.9]

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from infra.runtime import BANKING77_DIR
 
-BANKING77 = "/work/shared/data/banking77"
+BANKING77 = BANKING77_DIR
 BACKENDS = ("torch", "onnx", "onnx-int8")
 
 

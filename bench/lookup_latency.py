@@ -40,8 +40,9 @@ from cache_core.registry import ExperimentRegistry
 from cache_core.service import create_app
 from cache_core.settings import CacheSettings, Settings
 from infra.runtime import free_port, wait_until
+from infra.runtime import BANKING77_DIR
 
-BANKING77 = Path("/work/shared/data/banking77")
+BANKING77 = BANKING77_DIR
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from cache_core.guards import GUARD_ORDER, first_conflict
+from infra.runtime import BANKING77_DIR
 
 K = 5
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cache_core.guard_eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threshold", type=float, default=0.8)
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/banking77"))
+    parser.add_argument("--data", type=Path, default=BANKING77_DIR)
     parser.add_argument("--embeddings-cache", type=Path, default=None,
                         help="keep train/test embeddings here (.npy) between runs")
     args = parser.parse_args(argv)

@@ -21,6 +21,15 @@ def scache_home() -> Path:
     return Path(os.environ.get("SCACHE_HOME", Path.home() / ".cache" / "scache"))
 
 
+def shared_data_dir() -> Path:
+    """The project's shared labelled data (``../shared/data`` beside the clone)."""
+    return Path(os.environ.get("SCACHE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+# banking77 is CC BY 4.0 and ships with the repo (data/banking77, attributed).
+BANKING77_DIR = REPO_ROOT / "data" / "banking77"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

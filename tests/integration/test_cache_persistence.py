@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from infra.runtime import free_port
+from infra.runtime import BANKING77_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -13,7 +14,7 @@ N = 25
 
 
 def test_kill_minus_9_then_restart_keeps_every_acknowledged_store(cache_service_factory, tmp_path):
-    questions = (pd.read_csv("/work/shared/data/banking77/train.csv")
+    questions = (pd.read_csv(BANKING77_DIR / "train.csv")
                  .drop_duplicates("category").text.head(N).tolist())
     env = {"SCACHE_CACHE__SNAPSHOT_DIR": str(tmp_path / "snapshots"),
            "SCACHE_CACHE__SNAPSHOT_INTERVAL_S": "3600",          # the log alone must suffice

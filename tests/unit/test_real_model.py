@@ -14,8 +14,9 @@ from cache_core.embedder import BatchingEncoder, EmbedderError, SentenceTransfor
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
 from tests.unit.cache_helpers import ManualClock, RecordingSink, experiment
+from infra.runtime import BANKING77_DIR
 
-BANKING77 = "/work/shared/data/banking77"
+BANKING77 = BANKING77_DIR
 
 
 def test_vectors_are_unit_length_with_raw_norms(minilm_embedder):
