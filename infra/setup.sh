@@ -27,6 +27,9 @@ fi
 
 lock_hash=$(cat "$repo/pyproject.toml" "$repo/requirements.lock" | sha256sum | cut -c1-12)
 venv="$SCACHE_HOME/venv-$lock_hash"
+# One setup at a time per machine: two clones building the same venv would trample it.
+exec 9>"$SCACHE_HOME/setup.lock"
+flock 9
 if [ ! -f "$venv/.complete" ]; then
   say "creating virtualenv $venv (first run: torch and Flink are large, a few minutes)"
   rm -rf "$venv"
@@ -40,6 +43,7 @@ else
   say "virtualenv up to date ($venv)"
 fi
 ln -sfn "$venv" "$repo/.venv"
+flock -u 9
 
 command -v mvn >/dev/null || { echo "setup.sh: mvn (Maven) is required to resolve the Kafka and Flink jars" >&2; exit 2; }
 command -v java >/dev/null || { echo "setup.sh: java (17+) is required for Kafka and Flink" >&2; exit 2; }
