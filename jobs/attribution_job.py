@@ -242,13 +242,16 @@ def raw_batches_sql(table: str, source: str, columns: list[str], settings: Setti
 
     Processing time keeps raw rows fresh whatever the watermark (late rows included); a
     batch replayed after a restart is absorbed by the table's ReplacingMergeTree.
+    ARRAY_AGG + ARRAY_JOIN, not LISTAGG: Flink's LISTAGG concatenates the accumulator string
+    on every row (quadratic in the batch; measured 270 ms CPU per 1,000 events at ~1,700/s),
+    ARRAY_AGG appends to a list (7 ms per 1,000 events).
     """
     shards = settings.flink.parallelism
     body = _json_row([(c, f"`{c}`") for c in columns])
     return f"""
 SELECT '{table}' AS tbl,
   CONCAT_WS('|', CAST(window_start AS STRING), CAST(shard AS STRING)) AS k,
-  LISTAGG(row_json) AS body
+  ARRAY_JOIN(ARRAY_AGG(row_json), ',') AS body
 FROM TABLE(TUMBLE(TABLE {source}_rows, DESCRIPTOR(pt), INTERVAL '{settings.flink.raw_batch_s}' SECOND))
 GROUP BY window_start, window_end, shard
 """, f"SELECT pt, MOD(ts_ms, {shards}) AS shard, {body} AS row_json FROM {source}"

@@ -3,7 +3,7 @@
 Flink SQL hands this operator rows ``(tbl, k, body)`` where ``body`` is JSON:
 
 - raw tables (events_raw, feedback_raw): ``body`` is a whole processing-time batch of
-  JSONEachRow rows, built in Java (JSON_OBJECT + LISTAGG); it is inserted as it arrives.
+  JSONEachRow rows, built in Java (JSON_OBJECT + ARRAY_AGG); it is inserted as it arrives.
 - aggregate tables (window_agg, late_events, feedback_agg): one updating row per key
   ``k``; the latest version of each key waits in keyed MapState (checkpointed) and every
   ``flush_s`` all pending keys of a table go out in ONE insert, stamped ``emitted_at_ms``.

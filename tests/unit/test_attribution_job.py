@@ -64,6 +64,14 @@ def test_sink_rows_carry_table_key_and_json_body():
     assert "KEY 'variant' VALUE `variant`" in sql
 
 
+def test_raw_batches_join_json_rows_in_java_without_listagg():
+    batch_sql, rows_sql = job.raw_batches_sql(sink.EVENTS_RAW, "raw_events", sink.RAW_COLUMNS, _settings())
+    # LISTAGG re-concatenates its accumulator per row: quadratic in the batch size.
+    assert "LISTAGG" not in batch_sql
+    assert "ARRAY_JOIN(ARRAY_AGG(row_json), ',') AS body" in batch_sql
+    assert rows_sql.count("KEY '") == len(sink.RAW_COLUMNS) and "KEY 'request_id' VALUE `request_id`" in rows_sql
+
+
 def test_stamped_and_emptied_rows():
     body = '{"window_start":"2026-01-01 12:00:00.000","experiment_id":"e","correct":3,"wrong":1}'
     assert sink.stamp(body, 42) == body[:-1] + ',"emitted_at_ms":42}'
