@@ -1,7 +1,8 @@
 """Where a lookup's time goes with 10^5 cached entries: encode vs search vs the rest.
 
     python -m bench.lookup_latency [--backend onnx-int8] [--entries 100000] [--index hnsw]
-                                   [--lookups 300] [--concurrency 4]
+                                   [--lookups 300] [--concurrency 4] [--ann-check-rate 0.1]
+                                   [--tag after]
 
 Fills one partition with ``--entries`` vectors: the banking77 train texts
 (encoded for real) plus noisy copies of their vectors up to the count (cosine
@@ -97,8 +98,8 @@ def fill(cache, texts: list[str], answers: list[str], vectors: np.ndarray) -> fl
         return time.perf_counter() - started
 
 
-def registry_for(index: str, entries: int) -> ExperimentRegistry:
-    arm = ArmConfig(name="a", index_kind=index, ann_check_rate=0.0,
+def registry_for(index: str, entries: int, ann_check_rate: float) -> ExperimentRegistry:
+    arm = ArmConfig(name="a", index_kind=index, ann_check_rate=ann_check_rate,
                     capacity_entries=max(entries * 2, 1000), capacity_bytes=8 * 1024**3)
     return ExperimentRegistry({"bench": ExperimentConfig(experiment_id="bench", salt="s", arms=[arm])})
 
@@ -118,8 +119,9 @@ def time_in_process(cache, queries: list[str]) -> dict:
         started = time.perf_counter()
         result = cache.lookup(q, unit_id=f"u{i}")
         total.append((time.perf_counter() - started) * 1000)
-        embed.append(result.event.embed_ms)
-        search.append(result.event.search_ms)
+        embed.append(result.embed_ms)
+        search.append(result.search_ms)
+    cache.flush_events()
     return {"lookup": summary(total), "embed_span": summary(embed), "search_span": summary(search)}
 
 
@@ -167,6 +169,9 @@ def main() -> None:
     parser.add_argument("--index", default="hnsw", choices=["flat", "hnsw", "ivf"])
     parser.add_argument("--lookups", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--ann-check-rate", type=float, default=0.1,
+                        help="share of lookups sampled for the ANN-vs-exact check (ArmConfig default 0.1)")
+    parser.add_argument("--tag", default="", help="suffix of the result file name")
     args = parser.parse_args()
     set_search_threads(1)
     embedder = load_embedder(CacheSettings(encoder_backend=args.backend, encoder_threads=args.threads))
@@ -176,19 +181,20 @@ def main() -> None:
     texts, answers, vectors = corpus_vectors(embedder, args.entries)
     settings = Settings()
     app = create_app(settings, NullPublisher(), BatchingEncoder(embedder),
-                     registry=registry_for(args.index, args.entries))
+                     registry=registry_for(args.index, args.entries, args.ann_check_rate))
     set_search_threads(2)  # build in parallel, search with one thread
     build_s = fill(app.state.cache, texts, answers, vectors)
     set_search_threads(1)
     in_process = time_in_process(app.state.cache, queries)
     http = time_http(app, queries, args.concurrency)
     result = {"backend": args.backend, "threads": args.threads, "entries": args.entries,
-              "index": args.index, "index_build_s": round(build_s, 1), "bare_encode": bare,
+              "index": args.index, "ann_check_rate": args.ann_check_rate, "index_build_s": round(build_s, 1), "bare_encode": bare,
               "in_process": in_process, "http": http,
               "lookup_over_encode_p50": round(in_process["lookup"]["p50_ms"] / bare["p50_ms"], 2)}
     print(json.dumps(result, indent=1))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"lookup_latency-{args.backend}-{args.index}.json").write_text(json.dumps(result, indent=1))
+    tag = f"-{args.tag}" if args.tag else ""
+    (RESULTS / f"lookup_latency-{args.backend}-{args.index}{tag}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

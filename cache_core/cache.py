@@ -35,6 +35,9 @@ The same query text in the same store and scope replaces the entry ("updated").
 """
 from __future__ import annotations
 
+import asyncio
+import heapq
+import logging
 import random
 import threading
 import time
@@ -47,6 +50,7 @@ import numpy as np
 
 from cache_core.clusters import OnlineClusters
 from cache_core.embedder import Embedder
+from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
 from cache_core.guards import first_conflict
@@ -61,6 +65,13 @@ SEARCH_K = 5
 EVICTION_SCAN = 64
 ENTRY_OVERHEAD_BYTES = 256
 SHARED_ARM = "*"
+# The background ANN check scans the exact twin in steps of this many rows, releasing
+# the partition lock in between (about 0.5 ms per step with 384 dimensions).
+EXACT_BLOCK_ROWS = 8192
+# Sampled ANN checks are skipped while this many events wait to be finished.
+MAX_CHECK_BACKLOG = 64
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 EventSink = Callable[[CacheEvent], None]
@@ -119,11 +130,21 @@ class LookupResult:
     config_version: int
     intent_cluster: int
     entry_id: str | None
-    event: CacheEvent
+    pending: PendingEvent
+    """The request's event, finished by the cache's event executor (see ``event``)."""
     provenance: dict[str, str] | None = None
     variant: str = "base"
     guard: str | None = None
     """The lexical guard that turned a would-be hit into this miss."""
+    entry_age_s: float | None = None
+    latency_ms: float = 0.0
+    embed_ms: float = 0.0
+    search_ms: float = 0.0
+
+    @property
+    def event(self) -> CacheEvent:
+        """The complete event (waits if a background executor has not finished it yet)."""
+        return self.pending.result()
 
 
 @dataclass
@@ -163,6 +184,18 @@ class SearchOutcome:
     ann_checked: bool = False
     ann_agree: bool | None = None
     ann_recall_at_k: float | None = None
+    raw: list[tuple[str, float]] = field(default_factory=list)
+    """What the ANN structure returned (before dropping expired entries)."""
+
+
+def ann_agreement(raw: list[tuple[str, float]], exact: list[tuple[str, float]]) -> SearchOutcome:
+    """ANN top-k vs exact top-k: top-1 agreement and recall@k (empty exact: not checked)."""
+    if not exact:
+        return SearchOutcome(best=None)
+    # Equal scores may come back in either order: a tie counts as agreement.
+    agree = bool(raw) and (raw[0][0] == exact[0][0] or abs(raw[0][1] - exact[0][1]) < 1e-6)
+    recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
+    return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
 
 
 class Partition:
@@ -185,6 +218,10 @@ class Partition:
         self.expirations = 0
         self.journal = None
         """Persistence hook (cache_core.persistence.Journal): told of every insert and removal."""
+        self.mutations = 0
+        """Bumped by every insert, removal and rebuild (a stepped exact scan restarts on change)."""
+        self.applied = None
+        """The experiment snapshot the layout was last aligned to (skip re-aligning it)."""
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -197,6 +234,7 @@ class Partition:
         if spec == self.spec:
             return
         self.spec = spec
+        self.mutations += 1
         old = list(self.entries.values())
         self.indexes = {}
         for entry in old:
@@ -211,28 +249,51 @@ class Partition:
     # -- search -----------------------------------------------------------------------
 
     def search(self, vec: np.ndarray, scope: str | None, now: float,
-               check_ann: bool, k: int = SEARCH_K) -> SearchOutcome:
+               k: int = SEARCH_K) -> SearchOutcome:
+        """Live candidates, best first. The ANN check is separate (``ann_check``), so it
+        can run after the answer has left."""
         index = self.indexes.get(scope or "")
         if index is None or len(index) == 0:
             return SearchOutcome(best=None)
         raw = index.search(vec, k)
-        outcome = SearchOutcome(best=None)
-        if check_ann:
-            outcome = self._ann_check(index, vec, k, raw)
+        outcome = SearchOutcome(best=None, raw=raw)
         outcome.candidates = self._alive(index, vec, raw, now, k)
         outcome.best = outcome.candidates[0] if outcome.candidates else None
         return outcome
 
-    @staticmethod
-    def _ann_check(index: VectorIndex, vec: np.ndarray, k: int,
-                   raw: list[tuple[str, float]]) -> SearchOutcome:
-        exact = index.exact_search(vec, k)
-        if not exact:
-            return SearchOutcome(best=None)
-        # Equal scores may come back in either order: a tie counts as agreement.
-        agree = bool(raw) and (raw[0][0] == exact[0][0] or abs(raw[0][1] - exact[0][1]) < 1e-6)
-        recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
-        return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
+    def ann_check(self, vec: np.ndarray, scope: str | None, raw: list[tuple[str, float]],
+                  k: int = SEARCH_K, block_rows: int = EXACT_BLOCK_ROWS,
+                  restarts: int = 2) -> SearchOutcome:
+        """Compare the ANN answer ``raw`` with an exact search over the scope's vectors.
+
+        Takes the lock per block of rows only, so lookups on this partition wait at
+        most one block; a change to the partition mid-scan restarts it, and after
+        ``restarts`` the scan runs in one piece under the lock."""
+        for _attempt in range(restarts + 1):
+            exact = self._exact_in_steps(vec, scope, k, block_rows)
+            if exact is not None:
+                return ann_agreement(raw, exact)
+        with self.lock:
+            index = self.indexes.get(scope or "")
+            return ann_agreement(raw, index.exact_search(vec, k) if index is not None else [])
+
+    def _exact_in_steps(self, vec: np.ndarray, scope: str | None, k: int,
+                        block_rows: int) -> list[tuple[str, float]] | None:
+        """Exact top-k in blocks; None if the partition changed between blocks."""
+        with self.lock:
+            index, mark = self.indexes.get(scope or ""), self.mutations
+        best: list[tuple[str, float]] = []
+        start = 0
+        while index is not None:
+            with self.lock:
+                if self.mutations != mark or self.indexes.get(scope or "") is not index:
+                    return None
+                if start >= index.exact_rows():
+                    break
+                block = index.exact_block(vec, start, start + block_rows, k)
+            best = heapq.nlargest(k, best + block, key=lambda pair: pair[1])
+            start += block_rows
+        return best
 
     def _alive(self, index: VectorIndex, vec: np.ndarray, raw: list[tuple[str, float]],
                now: float, k: int) -> list[Candidate]:
@@ -254,7 +315,7 @@ class Partition:
         return []
 
     def nearest_alive(self, vec: np.ndarray, scope: str | None, now: float) -> Candidate | None:
-        return self.search(vec, scope, now, check_ann=False).best
+        return self.search(vec, scope, now).best
 
     # -- hits, inserts, removal ---------------------------------------------------------
 
@@ -270,6 +331,7 @@ class Partition:
     def insert(self, entry: CacheEntry) -> None:
         if entry.entry_id in self.entries:  # a replayed log record: replace, do not double count
             self.remove(entry.entry_id)
+        self.mutations += 1
         self.entries[entry.entry_id] = entry
         self.by_text[(entry.scope or "", _text_key(entry.query))] = entry.entry_id
         self.bytes += entry.approx_bytes
@@ -281,6 +343,7 @@ class Partition:
         entry = self.entries.pop(entry_id, None)
         if entry is None:
             return None
+        self.mutations += 1
         if self.journal is not None:
             self.journal.record_remove(self.key, entry_id)
         self.bytes -= entry.approx_bytes
@@ -339,16 +402,44 @@ class _Request:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
+@dataclass
+class _EventRecord:
+    """What a decided lookup hands to the event executor: plain values and references,
+    so the request path builds no pydantic model."""
+
+    req: _Request
+    query: str
+    unit_id: str
+    namespace: str
+    decision: str
+    threshold: float | None
+    similarity: float | None
+    index_kind: str
+    search_ms: float
+    guard: str | None
+    entry: dict
+    ts_ms: int
+    latency_ms: float
+    check: tuple[Partition, str | None, list] | None = None
+    """(partition, scope, ANN answer) when this request was sampled for an ANN check."""
+
+
 class SemanticCache:
-    """The online cache: ``lookup`` decides and emits one event; ``store`` admits."""
+    """The online cache: ``lookup`` decides and emits one event; ``store`` admits.
+
+    Events are finished by ``event_executor`` (default: inline, in the caller; the
+    service passes a ``cache_core.event_worker.EventWorker`` so that the event,
+    metrics and a sampled ANN-vs-exact check run after the answer has left)."""
 
     def __init__(self, embedder: Embedder, registry: ExperimentRegistry, *,
                  clock: Clock = time.time, event_sink: EventSink | None = None,
                  instance_id: str = "",
                  default_ttl_s: float | None = None, max_query_chars: int = 4000,
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
-                 cluster_radius: float = 0.55, seed: int | None = None):
+                 cluster_radius: float = 0.55, seed: int | None = None,
+                 event_executor=None):
         self.embedder = embedder
+        self.event_executor = event_executor or InlineExecutor()
         self.registry = registry
         self.clock = clock
         self.event_sink = event_sink
@@ -374,17 +465,46 @@ class SemanticCache:
         Raises InvalidRequest (bad query or ids) and UnknownExperiment.
         """
         self._check_query(query, unit_id, namespace, scope)
-        req = self._prepare(query, unit_id, experiment_id)
+        started = time.perf_counter()
+        experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
+        vecs, norms = self.embedder.encode_with_norms([query])
+        req = self._request(experiment, unit_id, vecs[0], norms[0], started)
+        return self._lookup_encoded(req, query, unit_id, namespace, scope)
+
+    async def lookup_async(self, query: str, unit_id: str, experiment_id: str | None = None,
+                           namespace: str = "default", scope: str | None = None) -> LookupResult:
+        """``lookup`` for an event loop: awaits the encoder instead of holding a thread.
+
+        The decision after the encode is short (search under the partition lock) and
+        runs in the loop."""
+        self._check_query(query, unit_id, namespace, scope)
+        started = time.perf_counter()
+        experiment = self.registry.get(experiment_id)
+        submit = getattr(self.embedder, "submit", None)
+        if submit is not None:
+            vecs, norms = await asyncio.wrap_future(submit([query]))
+        else:
+            vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])
+        req = self._request(experiment, unit_id, vecs[0], norms[0], started)
+        return self._lookup_encoded(req, query, unit_id, namespace, scope)
+
+    def flush_events(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every event handed to the executor so far has been emitted."""
+        flush = getattr(self.event_executor, "flush", None)
+        return True if flush is None else flush(timeout_s)
+
+    def _lookup_encoded(self, req: _Request, query: str, unit_id: str, namespace: str,
+                        scope: str | None) -> LookupResult:
         if req.arm_name == "holdout":
             return self._finish_bypass(req, query, unit_id, namespace)
         arm = req.experiment.arm(req.arm_name)
         threshold = arm.threshold_for(req.cluster, req.variant)
         partition = self._partition(namespace, req.experiment, arm)
-        check_ann = self._sample(arm.ann_check_rate)
+        check_ann = self._sample(arm.ann_check_rate) and self._backlog() < MAX_CHECK_BACKLOG
         search_started = time.perf_counter()
         with partition.lock:
             now = self.clock()
-            outcome = partition.search(req.vec, scope, now, check_ann)
+            outcome = partition.search(req.vec, scope, now)
             served, guard = self._decide(query, outcome, threshold, arm.guards)
             hit = served is not None
             if hit:
@@ -392,20 +512,25 @@ class SemanticCache:
             shown = served or outcome.best
             snapshot = self._entry_snapshot(shown, now)
         search_ms = (time.perf_counter() - search_started) * 1000
-        event = self._event(req, query, unit_id, namespace, decision="hit" if hit else "miss",
-                            threshold=threshold, similarity=shown.similarity if shown else None,
-                            index_kind=partition.spec.kind, search_ms=search_ms, outcome=outcome,
-                            guard=guard, **snapshot)
-        self._emit(event)
+        record = _EventRecord(
+            req=req, query=query, unit_id=unit_id, namespace=namespace,
+            decision="hit" if hit else "miss", threshold=threshold,
+            similarity=shown.similarity if shown else None, index_kind=partition.spec.kind,
+            search_ms=search_ms, guard=guard, entry=snapshot, ts_ms=int(now * 1000),
+            latency_ms=(time.perf_counter() - req.started) * 1000,
+            check=(partition, scope, outcome.raw) if check_ann and outcome.raw else None)
+        pending = self._hand_off(record)
         entry = served.entry if hit else None
         return LookupResult(
-            request_id=req.request_id, decision=event.decision, hit=hit,
-            answer=entry.answer if entry else None, similarity=event.similarity,
+            request_id=req.request_id, decision=record.decision, hit=hit,
+            answer=entry.answer if entry else None, similarity=record.similarity,
             threshold=threshold, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             config_version=req.experiment.version, intent_cluster=req.cluster,
-            entry_id=entry.entry_id if entry else None, event=event,
+            entry_id=entry.entry_id if entry else None, pending=pending,
             provenance={"source": entry.provenance_source, "version": entry.provenance_version}
             if entry else None, variant=req.variant, guard=guard,
+            entry_age_s=snapshot["entry_age_s"], latency_ms=record.latency_ms,
+            embed_ms=req.embed_ms, search_ms=search_ms,
         )
 
     @staticmethod
@@ -557,18 +682,24 @@ class SemanticCache:
                  update_clusters: bool = True) -> _Request:
         started = time.perf_counter()
         experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
-        assignment = assign(experiment, unit_id)
         vecs, norms = self.embedder.encode_with_norms([query])
+        return self._request(experiment, unit_id, vecs[0], norms[0], started, update_clusters)
+
+    def _request(self, experiment: ExperimentConfig, unit_id: str, vec: np.ndarray, norm: float,
+                 started: float, update_clusters: bool = True) -> _Request:
         embed_ms = (time.perf_counter() - started) * 1000
-        vec = vecs[0]
+        assignment = assign(experiment, unit_id)
         return _Request(experiment=experiment, arm_name=assignment.arm,
-                        assignment_prob=assignment.probability, vec=vec, l2_norm=float(norms[0]),
+                        assignment_prob=assignment.probability, vec=vec, l2_norm=float(norm),
                         cluster=self.clusters.assign(vec, update=update_clusters),
                         embed_ms=embed_ms, started=started, variant=assignment.variant)
 
     def _partition(self, namespace: str, experiment: ExperimentConfig, arm: ArmConfig) -> Partition:
         shared = experiment.partition_mode == "shared"
         key = (namespace, experiment.experiment_id, SHARED_ARM if shared else arm.name)
+        known = self._partitions.get(key)
+        if known is not None and known.applied is experiment:
+            return known  # aligned to this very snapshot already: no lock, no rebuild check
         # A shared store follows its experiment's first arm for structure and the
         # largest capacity of its arms, since every arm fills it.
         layout = experiment.arms[0] if shared else arm
@@ -584,7 +715,12 @@ class SemanticCache:
                 self._partitions[key] = partition
         with partition.lock:
             partition.reconfigure(spec, cap_entries, cap_bytes)
+            partition.applied = experiment
         return partition
+
+    def _backlog(self) -> int:
+        backlog = getattr(self.event_executor, "backlog", None)
+        return 0 if backlog is None else backlog()
 
     def _sample(self, rate: float) -> bool:
         with self._rng_lock:
@@ -650,34 +786,53 @@ class SemanticCache:
                 "entry_ttl_s": entry.expires_at() - entry.created_at}
 
     def _finish_bypass(self, req: _Request, query: str, unit_id: str, namespace: str) -> LookupResult:
-        event = self._event(req, query, unit_id, namespace, decision="bypass", threshold=None,
-                            similarity=None, index_kind="none", search_ms=0.0,
-                            outcome=SearchOutcome(best=None), guard=None, entry_id=None,
-                            entry_age_s=None, entry_ttl_s=None)
-        self._emit(event)
+        latency_ms = (time.perf_counter() - req.started) * 1000
+        record = _EventRecord(
+            req=req, query=query, unit_id=unit_id, namespace=namespace, decision="bypass",
+            threshold=None, similarity=None, index_kind="none", search_ms=0.0, guard=None,
+            entry=self._entry_snapshot(None, 0.0), ts_ms=int(self.clock() * 1000),
+            latency_ms=latency_ms)
         return LookupResult(
             request_id=req.request_id, decision="bypass", hit=False, answer=None, similarity=None,
             threshold=None, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             config_version=req.experiment.version, intent_cluster=req.cluster, entry_id=None,
-            event=event, variant=req.variant,
+            pending=self._hand_off(record), variant=req.variant, latency_ms=latency_ms,
+            embed_ms=req.embed_ms,
         )
 
-    def _event(self, req: _Request, query: str, unit_id: str, namespace: str, *, decision: str,
-               threshold: float | None, similarity: float | None, index_kind: str,
-               search_ms: float, outcome: SearchOutcome, guard: str | None, entry_id: str | None,
-               entry_age_s: float | None, entry_ttl_s: float | None) -> CacheEvent:
+    def _hand_off(self, record: _EventRecord) -> PendingEvent:
+        pending = PendingEvent()
+        self.event_executor.submit(lambda: self._finish_event(record, pending))
+        return pending
+
+    def _finish_event(self, record: _EventRecord, pending: PendingEvent) -> None:
+        """Run the sampled ANN check (if any), build the event, emit it (executor side)."""
+        outcome = SearchOutcome(best=None)
+        if record.check is not None:
+            partition, scope, raw = record.check
+            try:
+                outcome = partition.ann_check(record.req.vec, scope, raw)
+            except Exception:  # a failed check must not cost the event; it stays unchecked
+                log.exception("ANN check failed", extra={"request_id": record.req.request_id})
+        event = self._event(record, outcome)
+        pending.set(event)
+        self._emit(event)
+
+    def _event(self, record: _EventRecord, outcome: SearchOutcome) -> CacheEvent:
+        req = record.req
         return CacheEvent(
-            request_id=req.request_id, ts_ms=int(self.clock() * 1000), instance_id=self.instance_id,
-            namespace=namespace, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
-            unit_id=unit_id, assignment_prob=req.assignment_prob,
+            request_id=req.request_id, ts_ms=record.ts_ms, instance_id=self.instance_id,
+            namespace=record.namespace, experiment_id=req.experiment.experiment_id,
+            arm=req.arm_name, unit_id=record.unit_id, assignment_prob=req.assignment_prob,
             partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
-            variant=req.variant, guard=guard, decision=decision, hit=decision == "hit", threshold=threshold, similarity=similarity,
-            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, entry_id=entry_id,
-            entry_age_s=entry_age_s, entry_ttl_s=entry_ttl_s, index_kind=index_kind,
-            ann_checked=outcome.ann_checked, ann_agree=outcome.ann_agree,
-            ann_recall_at_k=outcome.ann_recall_at_k, embed_ms=req.embed_ms, search_ms=search_ms,
-            latency_ms=(time.perf_counter() - req.started) * 1000, query_chars=len(query),
-            query_text=query if self.emit_query_text else None,
+            variant=req.variant, guard=record.guard, decision=record.decision,
+            hit=record.decision == "hit", threshold=record.threshold, similarity=record.similarity,
+            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry,
+            index_kind=record.index_kind, ann_checked=outcome.ann_checked,
+            ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,
+            embed_ms=req.embed_ms, search_ms=record.search_ms, latency_ms=record.latency_ms,
+            query_chars=len(record.query),
+            query_text=record.query if self.emit_query_text else None,
         )
 
     def _emit(self, event: CacheEvent) -> None:

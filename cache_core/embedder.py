@@ -412,12 +412,16 @@ class BatchingEncoder:
         self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
         self._thread.start()
 
-    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def submit(self, texts: list[str]) -> Future:
+        """Queue ``texts``; the future gives (vectors, norms). For async callers."""
         if not self._thread.is_alive():
             raise EmbedderError("encoder is closed")
         future: Future = Future()
         self._queue.put((list(texts), future))
-        return future.result()
+        return future
+
+    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self.submit(texts).result()
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encode_with_norms(texts)[0]

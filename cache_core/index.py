@@ -142,6 +142,29 @@ class VectorIndex:
         """Brute-force top-k over the same live vectors: the ground truth for ANN checks."""
         return self._run(self._exact, vec, k, extra=0)
 
+    def exact_rows(self) -> int:
+        """Rows of the exact twin (the range ``exact_block`` scans)."""
+        return self._exact.ntotal
+
+    def exact_block(self, vec: np.ndarray, start: int, stop: int, k: int) -> list[tuple[str, float]]:
+        """Exact top-k over rows [start, stop) of the exact twin, without copying it.
+
+        Lets a caller split a long brute-force search into short steps, releasing its
+        lock in between (rows shift on removal: the caller must restart if the index
+        changed between steps)."""
+        flat = faiss.downcast_index(self._exact.index)
+        total = flat.ntotal
+        start, stop = max(0, start), min(stop, total)
+        if stop <= start or k <= 0:
+            return []
+        rows = faiss.rev_swig_ptr(flat.get_xb(), total * self.dim).reshape(total, self.dim)
+        ids = faiss.rev_swig_ptr(self._exact.id_map.data(), total)
+        scores = rows[start:stop] @ np.asarray(vec, dtype=np.float32).reshape(-1)
+        top = np.argsort(-scores)[:k] if len(scores) <= k else \
+            np.argpartition(-scores, k - 1)[:k]
+        return [(self._entry_of[int(ids[start + i])], float(scores[i])) for i in top
+                if int(ids[start + i]) in self._entry_of]
+
     def vector(self, entry_id: str) -> np.ndarray:
         return self._exact.reconstruct(self._id_of[entry_id])
 

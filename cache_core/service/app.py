@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.cache import InvalidRequest, SemanticCache
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
+from cache_core.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.experiments import ExperimentConfig
 from cache_core.persistence import Persistence
@@ -32,7 +33,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
                registry: ExperimentRegistry | None = None, clock: Callable[[], float] = time.time,
                instance_id: str = "", shutdown_hooks: list[Callable[[], None]] | None = None,
                persistence: Persistence | None = None,
-               control_publisher: Callable[[ControlMessage], None] | None = None) -> FastAPI:
+               control_publisher: Callable[[ControlMessage], None] | None = None,
+               event_executor=None) -> FastAPI:
     """Build the service around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``). The model is loaded here unless ``embedder`` is given; concurrent
     requests share it through one micro-batching encoder thread. ``shutdown_hooks``
@@ -42,11 +44,17 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     ``persistence`` (optional) restores the cache before the app is returned, logs
     every change, snapshots in the background and once more at shutdown.
     ``control_publisher`` sends admin config changes to the control topic
-    (default: ``cache_core.control.publish_control`` with ``settings.kafka``)."""
+    (default: ``cache_core.control.publish_control`` with ``settings.kafka``).
+
+    Events, lookup metrics and sampled ANN checks are finished after the answer by
+    ``event_executor`` (default: an ``EventWorker`` thread owned by the app, drained
+    at shutdown before the hooks run, so a publisher closed by a hook gets them all)."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
     metrics_holder: list[ServiceMetrics] = []
+    own_worker = event_executor is None
+    event_executor = EventWorker() if own_worker else event_executor
 
     def sink(event: CacheEvent) -> None:
         metrics_holder[0].observe_lookup(event)
@@ -60,7 +68,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
         encoder, registry, clock=clock, event_sink=sink, instance_id=instance_id,
         default_ttl_s=settings.cache.default_ttl_s, max_query_chars=settings.cache.max_query_chars,
         max_answer_chars=settings.cache.max_answer_chars,
-        emit_query_text=settings.cache.emit_query_text,
+        emit_query_text=settings.cache.emit_query_text, event_executor=event_executor,
     )
     if persistence is not None:
         persistence.open(cache)
@@ -77,6 +85,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        if own_worker:
+            event_executor.close()  # every decided lookup's event reaches the publisher
         for hook in shutdown_hooks or []:
             try:
                 hook()
@@ -111,20 +121,22 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry,
                 metrics: ServiceMetrics, publisher) -> None:
-    # Plain `def` handlers: FastAPI runs them in its thread pool, so concurrent
-    # requests block on the shared encoder together and get batched.
+    # Lookup is async: it awaits the shared micro-batching encoder's future (concurrent
+    # requests still get batched) without a thread-pool hop. The other handlers are
+    # plain `def`, run in FastAPI's thread pool.
 
     @app.post("/v1/lookup", response_model=LookupResponse)
-    def lookup(body: LookupRequest) -> LookupResponse:
-        result = cache.lookup(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
-                              namespace=body.namespace, scope=body.scope)
+    async def lookup(body: LookupRequest) -> LookupResponse:
+        result = await cache.lookup_async(body.query, unit_id=body.unit_id,
+                                          experiment_id=body.experiment_id,
+                                          namespace=body.namespace, scope=body.scope)
         return LookupResponse(
             request_id=result.request_id, decision=result.decision, hit=result.hit,
             answer=result.answer, similarity=result.similarity, threshold=result.threshold,
             experiment_id=result.experiment_id, arm=result.arm,
             config_version=result.config_version, intent_cluster=result.intent_cluster,
-            entry_id=result.entry_id, entry_age_s=result.event.entry_age_s,
-            provenance=result.provenance, latency_ms=result.event.latency_ms,
+            entry_id=result.entry_id, entry_age_s=result.entry_age_s,
+            provenance=result.provenance, latency_ms=result.latency_ms,
             variant=result.variant, guard=result.guard,
         )
 
