@@ -15,7 +15,10 @@ use the canary's threshold but read the arm's partition: a canary tests a
 threshold, not a cache). Holdout units bypass the cache. The arm's lexical
 guards (cache_core.guards) may veto the best candidate; the next candidate
 above the threshold is then tried, and if none passes the lookup is a miss
-with ``guard`` naming the guard that blocked the best one.
+with ``guard`` naming the guard that blocked the best one. Arms with
+``similarity="multi"`` re-rank the candidates above the threshold by a mixed
+token / phrase / intent score and serve only a clear winner (cache_core.similarity);
+the event's ``similarity`` stays the cosine of the entry served (or of the nearest).
 
 Lifetime. ``absolute``: alive until created_at + ttl. ``sliding``: every hit
 renews the ttl, but never past created_at + max_age_s. Expired entries are
@@ -56,6 +59,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Varia
 from cache_core.guards import first_conflict
 from cache_core.index import IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
+from cache_core.similarity import Weights, rank
 
 NEAR_DUPLICATE_SIM = 0.85
 NOVEL_SIM = 0.60
@@ -505,7 +509,7 @@ class SemanticCache:
         with partition.lock:
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
-            served, guard = self._decide(query, outcome, threshold, arm.guards)
+            served, guard = self._decide(query, outcome, threshold, arm)
             hit = served is not None
             if hit:
                 partition.touch(served.entry, now)
@@ -535,18 +539,30 @@ class SemanticCache:
 
     @staticmethod
     def _decide(query: str, outcome: SearchOutcome, threshold: float,
-                guards: list[str]) -> tuple[Candidate | None, str | None]:
+                arm: ArmConfig) -> tuple[Candidate | None, str | None]:
         """(candidate served, guard that blocked the best one). Candidates come best
-        first, so the first above the threshold that every guard lets pass is served."""
+        first, so the first eligible one that every guard lets pass is served."""
         blocked_by = None
-        for candidate in outcome.candidates:
-            if candidate.similarity < threshold:
-                break
-            guard = first_conflict(query, candidate.entry.query, guards)
+        for candidate in SemanticCache._eligible(query, outcome.candidates, threshold, arm):
+            guard = first_conflict(query, candidate.entry.query, arm.guards)
             if guard is None:
                 return candidate, None
             blocked_by = blocked_by or guard
         return None, blocked_by
+
+    @staticmethod
+    def _eligible(query: str, candidates: list[Candidate], threshold: float,
+                  arm: ArmConfig) -> list[Candidate]:
+        """Candidates that may be served, best first: by cosine, or re-ranked (multi)."""
+        if arm.similarity == "cosine":
+            return [c for c in candidates if c.similarity >= threshold]
+        multi = arm.multi
+        ranked = rank(query, [c.entry.query for c in candidates],
+                      [c.entry.answer for c in candidates], [c.similarity for c in candidates],
+                      cosine_threshold=threshold, score_threshold=multi.threshold,
+                      answer_margin=multi.answer_margin,
+                      weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent))
+        return [candidates[r.index] for r in ranked if r.eligible]
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,

@@ -17,6 +17,7 @@ PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]
 
 Variant = Literal["base", "canary"]
+SimilarityKind = Literal["cosine", "multi"]
 
 HOLDOUT_ARM = "holdout"
 
@@ -33,6 +34,29 @@ class CanaryConfig(BaseModel):
     share: float = Field(gt=0.0, le=1.0)
     target_false_hit_rate: float = Field(0.05, gt=0.0, lt=1.0)
     started_at_ms: int = 0
+
+
+class MultiSimilarityConfig(BaseModel):
+    """Re-ranking of the top-k candidates by a mixed score (cache_core.similarity).
+
+    Defaults tuned on held-out data (GPTCache mock pairs with even index, a banking77
+    train split; bench/results/compare_gptcache.md): DESIGN.md's weights
+    (0.3, 0.4, 0.3) lost half the correct hits on the mock pairs, whose answers
+    are all distinct, so the intent weight is small here."""
+
+    token: float = Field(0.3, ge=0.0, le=1.0)
+    phrase: float = Field(0.6, ge=0.0, le=1.0)
+    intent: float = Field(0.1, ge=0.0, le=1.0)
+    threshold: float = Field(0.60, ge=-1.0, le=1.0)
+    """Mixed-score floor, applied after the arm's cosine threshold."""
+    answer_margin: float = Field(0.04, ge=0.0, le=1.0)
+    """The served candidate must beat every candidate with another answer by this much."""
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "MultiSimilarityConfig":
+        if self.token + self.phrase + self.intent <= 0:
+            raise ValueError("multi similarity needs a positive weight")
+        return self
 
 
 class ArmConfig(BaseModel):
@@ -53,6 +77,10 @@ class ArmConfig(BaseModel):
     capacity_bytes: int = Field(512 * 1024 * 1024, ge=1)
     ann_check_rate: float = Field(0.1, ge=0.0, le=1.0)
     canary: CanaryConfig | None = None
+    similarity: SimilarityKind = "cosine"
+    """"cosine": serve the nearest candidate at or above the threshold. "multi": re-rank
+    the candidates at or above it by ``multi`` (cache_core.similarity)."""
+    multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
 
     @field_validator("name")
     @classmethod
