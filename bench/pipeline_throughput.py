@@ -13,11 +13,6 @@ current time) for ``--duration`` s, and samples ClickHouse every ``--poll-s``:
 - the machine's load average at start and end (the machine is shared).
 
     python bench/pipeline_throughput.py --rate 5000 --duration 60
-    python bench/pipeline_throughput.py --preload 300000 --name pipeline_catchup
-
-``--preload N`` measures the job's ceiling without a live producer competing for the
-2 cores: N events go to Kafka BEFORE the job starts, and the catch-up rate (rows/s between
-10 % and 90 % of N stored) is reported instead of freshness.
 Prints a JSON summary and saves bench/results/pipeline_throughput.png (+ .json).
 """
 from __future__ import annotations
@@ -263,34 +258,6 @@ def warm_up(kafka: KafkaSettings, client, experiment: str, timeout_s: float = 18
                "first event in events_raw", interval_s=0.5)
 
 
-def catch_up(client, experiment: str, job, rest: str | None, args, startup_s: float,
-             load_start: tuple) -> dict:
-    """Poll while the job works through the preloaded backlog; rate between 10 % and 90 %."""
-    n, deadline = args.preload, time.time() + args.duration + args.drain
-    samples, snapshots, cpu = [], [], {}
-    while time.time() < deadline:
-        samples.append(sample(client, experiment))
-        rows = samples[-1]["rows"]
-        if rows >= 0.1 * n and "start" not in cpu:
-            cpu["start"] = (cpu_by_thread(job.proc.pid), rows, samples[-1]["t"])
-        if rows >= 0.9 * n and "end" not in cpu:
-            cpu["end"] = (cpu_by_thread(job.proc.pid), rows, samples[-1]["t"])
-        if rest and "start" in cpu and "end" not in cpu and len(samples) % 4 == 0:
-            snapshots.append(vertex_metrics(rest))
-        if rows >= n:
-            break
-        time.sleep(args.poll_s)
-    done = "start" in cpu and "end" in cpu
-    return {"preload": n, "parallelism": args.parallelism, "job_env": args.job_env,
-            "job_startup_s": round(startup_s, 1), "load_avg_1m_start": round(load_start[0], 2),
-            "load_avg_1m_end": round(os.getloadavg()[0], 2), "stored": samples[-1]["rows"] if samples else 0,
-            "catch_up_events_per_s": round((cpu["end"][1] - cpu["start"][1]) / (cpu["end"][2] - cpu["start"][2]), 1)
-            if done else None,
-            "cpu_ms_per_1000_events": cpu_per_kevent(cpu["start"][0], cpu["end"][0], cpu["end"][1] - cpu["start"][1])
-            if done else {},
-            "vertices": mean_metrics(snapshots)}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=5000)
@@ -300,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--window-s", type=int, default=5)
     parser.add_argument("--name", default="pipeline_throughput")
-    parser.add_argument("--preload", type=int, default=0, metavar="N",
-                        help="produce N events before the job starts; report the catch-up rate")
     parser.add_argument("--job-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the job (A/B experiments)")
     args = parser.parse_args(argv)
@@ -324,8 +289,6 @@ def main(argv: list[str] | None = None) -> int:
                "SCACHE_FLINK__WATERMARK_DELAY_S": "2", "SCACHE_FLINK__ALLOWED_LATENESS_S": "2",
                **dict(kv.split("=", 1) for kv in args.job_env)}
         experiment = f"bench-{uuid.uuid4().hex[:6]}"
-        if args.preload:
-            produce(kafka, experiment, rate=50_000, duration_s=args.preload / 50_000)
         log_path = root / "job.log"
         t0 = time.monotonic()
         job = spawn("flink-job", [sys.executable, str(REPO_ROOT / "jobs" / "attribution_job.py")], log_path, env=env)
@@ -340,11 +303,6 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(0.5)
         print(f"flink rest: {rest}", flush=True)
-        if args.preload:
-            summary = catch_up(client, experiment, job, rest, args, startup_s, load_start)
-            (RESULTS / f"{args.name}.json").write_text(json.dumps(summary, indent=2))
-            print(json.dumps(summary, indent=2))
-            return 0
         warm_up(kafka, client, experiment)
         import threading
 
