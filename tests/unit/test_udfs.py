@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -194,7 +195,18 @@ def _nan_to_none(values) -> list:
     return [None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in values]
 
 
-def test_flink_row_and_pandas_udfs_equal_plain_functions():
+@pytest.fixture
+def _restored_environ():
+    """An in-process PyFlink job runs its Python workers in loopback mode and leaves
+    PYFLINK_GATEWAY_DISABLED / PYTHON_LOOPBACK_SERVER_ADDRESS in os.environ; a job that a later
+    fixture spawns would inherit them and refuse to start its own gateway."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_flink_row_and_pandas_udfs_equal_plain_functions(_restored_environ):
     """Every registered UDF, run by a real PyFlink job (Python worker), equals the plain function."""
     from pyflink.table import DataTypes, EnvironmentSettings, TableEnvironment
 
