@@ -73,3 +73,31 @@ def test_events_are_complete_and_control_changes_decisions(kafka_settings, cache
     service.stop()
     log_text = service.log_path.read_text()
     assert "cache service stopped" in log_text  # the shutdown hook ran: publisher flushed
+
+
+def test_admin_put_publishes_on_the_control_topic_and_applies(kafka_settings, cache_service_factory,
+                                                               tmp_path):
+    path = tmp_path / "experiments.yaml"
+    path.write_text(yaml.safe_dump({"experiments": [experiment(0.99, 1).model_dump(mode="json")]}))
+    base = cache_service_factory(kafka=kafka_settings, experiments_file=path,
+                                 env={"SCACHE_SERVICE__ADMIN_TOKEN": "s3cret"})
+    client = httpx.Client(base_url=base, timeout=10)
+    body = experiment(0.7, 2).model_dump_json()
+
+    denied = client.put("/v1/admin/experiments/itest", content=body,
+                        headers={"Authorization": "Bearer wrong"})
+    assert denied.status_code == 403 and "invalid admin token" in denied.json()["detail"]
+
+    ok = client.put("/v1/admin/experiments/itest", content=body,
+                    headers={"Authorization": "Bearer s3cret", "x-scache-actor": "ops"})
+    assert ok.status_code == 200 and ok.json()["version"] == 2, ok.text
+    stale = client.put("/v1/admin/experiments/itest", content=body,
+                       headers={"Authorization": "Bearer s3cret"})
+    assert stale.status_code == 409
+
+    records = consume(kafka_settings.bootstrap_servers, kafka_settings.control_topic, 1, timeout_s=20)
+    messages = [ControlMessage.model_validate_json(r.value) for r in records]
+    assert [(m.experiment.version, m.actor) for m in messages] == [(2, "ops")]
+    assert messages[0].experiment.arms[0].threshold == 0.7
+    (served,) = client.get("/v1/experiments").json()["experiments"]
+    assert served["version"] == 2 and served["arms"][0]["threshold"] == 0.7
