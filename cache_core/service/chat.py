@@ -1,6 +1,9 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` in front of an upstream model.
 
-The cache key is the last user message. Request headers (all optional):
+The cache key is the last user message, within a context scope: a fingerprint of the
+model, the system messages and any earlier turns, so a different system prompt or
+conversation history never shares answers ("and in euros?" after one exchange must not
+hit the same follow-up from another). Request headers (all optional):
 ``x-scache-unit-id`` (randomisation unit; default: the ``user`` field, else
 "anonymous"), ``x-scache-conversation-id`` (scope: only the same conversation's
 entries answer), ``x-scache-scope: user`` (scope by the ``user`` field instead),
@@ -14,6 +17,8 @@ the unit's arm, and the upstream response is returned with ``x-scache-hit: 0``.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -53,6 +58,15 @@ def cache_key(body: ChatCompletionRequest) -> str:
     raise ChatError(422, "messages contain no user message to answer")
 
 
+def context_fingerprint(body: ChatCompletionRequest) -> str:
+    """Hash of everything but the last user message that shapes the answer."""
+    last_user = max(i for i, m in enumerate(body.messages) if m.role == "user")
+    context = [[m.role, m.content] for i, m in enumerate(body.messages)
+               if i != last_user and (m.role == "system" or i < last_user)]
+    payload = json.dumps([body.model, context], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 def request_identity(body: ChatCompletionRequest, headers) -> dict:
     """unit_id, scope, namespace and experiment_id for the cache, from headers and ``user``."""
     unit_id = headers.get("x-scache-unit-id") or body.user or "anonymous"
@@ -61,7 +75,8 @@ def request_identity(body: ChatCompletionRequest, headers) -> dict:
         if not body.user:
             raise ChatError(422, "x-scache-scope: user needs the request's user field")
         scope = f"user:{body.user}"
-    return {"unit_id": unit_id, "scope": scope or None,
+    scope = f"{scope or ''}|ctx:{context_fingerprint(body)}"
+    return {"unit_id": unit_id, "scope": scope,
             "namespace": headers.get("x-scache-namespace") or "default",
             "experiment_id": headers.get("x-scache-experiment") or None}
 

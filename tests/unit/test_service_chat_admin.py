@@ -127,6 +127,24 @@ def test_conversation_header_scopes_the_cache(minilm_embedder, tmp_path, upstrea
         assert other.headers["x-scache-hit"] == "0"
 
 
+def test_system_prompt_and_earlier_turns_are_part_of_the_context(minilm_embedder, tmp_path, upstream):
+    def ask(client, messages):
+        return client.post("/v1/chat/completions",
+                           json={"model": "tiny", "messages": messages}).headers["x-scache-hit"]
+
+    question = {"role": "user", "content": "and how much does it cost?"}
+    with make_client(minilm_embedder, tmp_path, f"http://127.0.0.1:{upstream.port}/v1") as client:
+        brief = [{"role": "system", "content": "be brief"}, question]
+        assert ask(client, brief) == "0" and ask(client, brief) == "1"
+        assert ask(client, [{"role": "system", "content": "answer in French"}, question]) == "0"
+        card = [{"role": "user", "content": "tell me about the metal card"},
+                {"role": "assistant", "content": "It is made of steel."}, question]
+        loan = [{"role": "user", "content": "tell me about personal loans"},
+                {"role": "assistant", "content": "Rates start at 5%."}, question]
+        assert ask(client, card) == "0" and ask(client, card) == "1"
+        assert ask(client, loan) == "0"          # same follow-up, another history: never shared
+
+
 def test_upstream_errors_pass_through_and_are_not_cached(minilm_embedder, tmp_path, upstream):
     with make_client(minilm_embedder, tmp_path, f"http://127.0.0.1:{upstream.port}/v1") as client:
         for _ in range(2):
