@@ -101,26 +101,33 @@ class Stack:
             "SCACHE_SERVICE__PORT": str(port),
             "SCACHE_CACHE__SNAPSHOT_DIR": str(self.state_dir / "snapshots"),
         })
-        log_path = self.state_dir / "logs" / "cache-service.log"
-        cache = spawn("cache-service", [sys.executable, "-m", "cache_core.service"], log_path, env=self.env)
-        cache.info["url"] = f"http://127.0.0.1:{port}"
-        self.services.append(cache)
-        wait_until(lambda: _http_ok(cache.info["url"] + "/healthz"), timeout_s=180,
-                   what="cache service", proc=cache.proc, log_path=log_path)
-        return cache
+        return self._start_http("cache-service", [sys.executable, "-m", "cache_core.service"],
+                                port, health_path="/healthz", timeout_s=180)
 
     def start_dashboard(self) -> Service:
         port = free_port()
-        log_path = self.state_dir / "logs" / "dashboard.log"
         cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "app.py"),
                "--server.address", "127.0.0.1", "--server.port", str(port),
                "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-        dash = spawn("dashboard", cmd, log_path, env=self.env)
-        dash.info["url"] = f"http://127.0.0.1:{port}"
-        self.services.append(dash)
-        wait_until(lambda: _http_ok(dash.info["url"] + "/_stcore/health"), timeout_s=120,
-                   what="dashboard", proc=dash.proc, log_path=log_path)
-        return dash
+        return self._start_http("dashboard", cmd, port, health_path="/_stcore/health", timeout_s=120)
+
+    def _start_http(self, name: str, cmd: list[str], port: int, health_path: str,
+                    timeout_s: float) -> Service:
+        """Spawn an HTTP service on ``port`` and wait until its health path answers 200."""
+        log_path = self.state_dir / "logs" / f"{name}.log"
+        service = spawn(name, cmd, log_path, env=self.env)
+        service.info["url"] = f"http://127.0.0.1:{port}"
+        self.services.append(service)
+        wait_until(lambda: _http_ok(service.info["url"] + health_path), timeout_s=timeout_s,
+                   what=name, proc=service.proc, log_path=log_path)
+        return service
+
+    def service(self, name: str) -> Service:
+        """The running service called ``name`` (kafka, warehouse, flink-job, cache-service, dashboard)."""
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise KeyError(f"no running service named {name!r}")
 
     def start_all(self) -> None:
         self.start_kafka()
@@ -156,8 +163,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         log.info("starting the embedded stack", extra={"state_dir": str(state_dir)})
         stack.start_all()
-        cache_url = stack.services[-2].info["url"]
-        dash_url = stack.services[-1].info["url"]
+        cache_url = stack.service("cache-service").info["url"]
+        dash_url = stack.service("dashboard").info["url"]
         log.info("stack up in %.0fs", time.monotonic() - started)
         print(f"\n  scache demo is running.\n  Dashboard:     {dash_url}\n"
               f"  Cache API:     {cache_url}/docs\n  ClickHouse:    {stack.env['SCACHE_CLICKHOUSE__URL']}\n"

@@ -39,7 +39,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(stack):
-    with httpx.Client(base_url=stack.services[-1].info["url"], timeout=30) as client:
+    with httpx.Client(base_url=stack.service("cache-service").info["url"], timeout=30) as client:
         yield client
 
 
