@@ -16,6 +16,11 @@ from udfs import buckets, decay
 from udfs.errors import DATA_ERRORS
 
 
+def _floats(series: pd.Series) -> np.ndarray:
+    """A pandas UDF argument as float64, nulls as NaN (what the *_array functions expect)."""
+    return series.to_numpy("float64", na_value=float("nan"))
+
+
 class _CountingFunction(ScalarFunction):
     """Registers a DATA_ERRORS listener that turns this function's errors into Flink counters."""
 
@@ -50,8 +55,7 @@ class SimDecayVec(_CountingFunction):
     error_prefix = "sim_decay."
 
     def eval(self, similarity: pd.Series, age_s: pd.Series) -> pd.Series:
-        return pd.Series(decay.sim_decay_array(similarity.to_numpy("float64", na_value=float("nan")),
-                                               age_s.to_numpy("float64", na_value=float("nan"))))
+        return pd.Series(decay.sim_decay_array(_floats(similarity), _floats(age_s)))
 
 
 class LifetimeBucket(_CountingFunction):
@@ -66,8 +70,7 @@ class LifetimeBucketVec(_CountingFunction):
 
     def eval(self, age_s: pd.Series, ttl_s: pd.Series) -> pd.Series:
         return pd.Series(buckets.lifetime_bucket_array(
-            age_s.to_numpy("float64", na_value=float("nan")),
-            ttl_s.to_numpy("float64", na_value=float("nan"))))
+            _floats(age_s), _floats(ttl_s)))
 
 
 class LatencyBucket(_CountingFunction):
@@ -81,7 +84,7 @@ class LatencyBucketVec(_CountingFunction):
     error_prefix = "latency_bucket."
 
     def eval(self, ms: pd.Series) -> pd.Series:
-        index = buckets.latency_bucket_index_array(ms.to_numpy("float64", na_value=float("nan")))
+        index = buckets.latency_bucket_index_array(_floats(ms))
         # Object dtype with None: Flink's Arrow writer rejects pandas' nullable Int32 here.
         return pd.Series([None if np.isnan(i) else int(i) for i in index], dtype=object)
 
