@@ -577,7 +577,8 @@ class SemanticCache:
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],
                       cosine_threshold=threshold, score_threshold=multi.threshold,
                       answer_margin=multi.answer_margin,
-                      weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent))
+                      weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent),
+                      lexical=multi.lexical)
         return [candidates[r.index] for r in ranked if r.eligible]
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,

@@ -5,7 +5,9 @@ two stored questions with different answers are about as near. The mixed score
 (DESIGN.md: token, phrase and intent level, weights (0.3, 0.4, 0.3)) re-ranks the
 candidates that pass the arm's cosine threshold:
 
-* token level: Jaccard overlap of normalised word tokens (lower-cased [a-z0-9]+);
+* token level: Jaccard overlap of normalised word tokens (lower-cased [a-z0-9]+), or
+  of character trigrams (``lexical="char3"``), which also credit shared stems and
+  inflections ("cancel" / "cancelled") that whole-word overlap misses;
 * phrase level: the embedding cosine;
 * intent level: answer consensus, the share of the top-k's (non-negative) cosine
   mass held by candidates with the same answer text. Several close neighbours
@@ -23,6 +25,8 @@ import re
 from dataclasses import dataclass
 
 _TOKEN = re.compile(r"[a-z0-9]+")
+_SPACE = re.compile(r"\s+")
+LEXICAL_KINDS = ("word", "char3")
 
 
 def tokens(text: str) -> frozenset[str]:
@@ -35,6 +39,24 @@ def token_jaccard(left: str, right: str) -> float:
     a, b = tokens(left), tokens(right)
     union = len(a | b)
     return len(a & b) / union if union else 0.0
+
+
+def char_grams(text: str, n: int = 3) -> frozenset[str]:
+    """Character n-grams of the case-folded text, whitespace collapsed and padded so
+    word starts and ends count."""
+    padded = f" {_SPACE.sub(' ', text.casefold()).strip()} "
+    return frozenset(padded[i:i + n] for i in range(len(padded) - n + 1))
+
+
+def lexical_overlap(left: str, right: str, kind: str = "word") -> float:
+    """Jaccard overlap of word tokens (``word``) or character trigrams (``char3``)."""
+    if kind == "word":
+        return token_jaccard(left, right)
+    if kind == "char3":
+        a, b = char_grams(left), char_grams(right)
+        union = len(a | b)
+        return len(a & b) / union if union else 0.0
+    raise ValueError(f"unknown lexical kind {kind!r}; expected one of {LEXICAL_KINDS}")
 
 
 def answer_consensus(answers: list[str], cosines: list[float]) -> list[float]:
@@ -68,20 +90,21 @@ class Ranked:
 
 
 def mixed_scores(query: str, texts: list[str], answers: list[str], cosines: list[float],
-                 weights: Weights) -> list[float]:
-    """weights.token * Jaccard + weights.phrase * cosine + weights.intent * consensus."""
+                 weights: Weights, lexical: str = "word") -> list[float]:
+    """weights.token * lexical overlap + weights.phrase * cosine + weights.intent * consensus."""
     consensus = answer_consensus(answers, cosines)
-    return [weights.token * token_jaccard(query, text) + weights.phrase * cos + weights.intent * share
+    return [weights.token * lexical_overlap(query, text, lexical) + weights.phrase * cos
+            + weights.intent * share
             for text, cos, share in zip(texts, cosines, consensus)]
 
 
 def rank(query: str, texts: list[str], answers: list[str], cosines: list[float], *,
          cosine_threshold: float, score_threshold: float, answer_margin: float,
-         weights: Weights = Weights()) -> list[Ranked]:
+         weights: Weights = Weights(), lexical: str = "word") -> list[Ranked]:
     """Candidates above ``cosine_threshold``, best mixed score first, each marked
     eligible or not. Candidates below the cosine threshold still count toward
     consensus (they are neighbours) but are never served."""
-    scores = mixed_scores(query, texts, answers, cosines, weights)
+    scores = mixed_scores(query, texts, answers, cosines, weights, lexical)
     gated = [i for i, cos in enumerate(cosines) if cos >= cosine_threshold]
     gated.sort(key=lambda i: -scores[i])
     out = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from cache_core.experiments import ArmConfig, MultiSimilarityConfig
-from cache_core.similarity import (Weights, answer_consensus, mixed_scores, rank, token_jaccard,
-                                   tokens)
+from cache_core.similarity import (Weights, answer_consensus, char_grams, lexical_overlap,
+                                   mixed_scores, rank, token_jaccard, tokens)
 from tests.unit.cache_helpers import at_cosine, unit_vec
 from tests.unit.test_cache_logic import E0, make_cache
 
@@ -15,6 +15,27 @@ def test_tokens_are_case_and_punctuation_free():
     assert token_jaccard("reset my password", "Reset my password?") == 1.0
     assert token_jaccard("reset my password", "close my account") == pytest.approx(1 / 5)
     assert token_jaccard("", "...") == 0.0
+
+
+def test_char_trigrams_credit_shared_stems_that_words_miss():
+    assert char_grams("Ab  c") == {" ab", "ab ", "b c", " c "}
+    inflected = ("cancel my transfer", "cancelled transfers")
+    assert token_jaccard(*inflected) == 0.0
+    assert lexical_overlap(*inflected, kind="char3") > 0.4
+    assert lexical_overlap("same text", "Same   TEXT", kind="char3") == 1.0
+    assert lexical_overlap("", "", kind="char3") == 0.0
+    assert lexical_overlap(*inflected, kind="word") == token_jaccard(*inflected)
+    with pytest.raises(ValueError, match="unknown lexical kind"):
+        lexical_overlap("a", "b", kind="char4")
+
+
+def test_rank_with_char_trigrams_picks_the_inflected_paraphrase():
+    query, texts = "cancelled card payment", ["cancel a card payment", "card payment pending"]
+    kwargs = dict(cosine_threshold=0.6, score_threshold=0.0, answer_margin=0.0,
+                  weights=Weights(token=0.5, phrase=0.6, intent=0.0))
+    by_word = rank(query, texts, ["cancel", "pending"], [0.80, 0.81], lexical="word", **kwargs)
+    by_char = rank(query, texts, ["cancel", "pending"], [0.80, 0.81], lexical="char3", **kwargs)
+    assert by_word[0].index == 1 and by_char[0].index == 0
 
 
 def test_answer_consensus_shares_cosine_mass_by_answer():
@@ -81,6 +102,12 @@ def test_multi_arm_serves_a_clear_winner_and_logs_its_cosine():
     result = cache.lookup("asked", unit_id="u")
     assert result.hit and result.answer == "ans"
     assert result.event.similarity == pytest.approx(0.9, abs=1e-5)
+
+
+def test_multi_lexical_kind_is_validated():
+    assert MultiSimilarityConfig().lexical == "char3"
+    with pytest.raises(ValueError):
+        MultiSimilarityConfig(lexical="bigram")
 
 
 def test_multi_weights_must_not_all_be_zero():
