@@ -18,7 +18,10 @@ above the threshold is then tried, and if none passes the lookup is a miss
 with ``guard`` naming the guard that blocked the best one. Arms with
 ``similarity="multi"`` re-rank the candidates above the threshold by a mixed
 token / phrase / intent score and serve only a clear winner (cache_core.similarity);
-the event's ``similarity`` stays the cosine of the entry served (or of the nearest).
+the event's ``similarity`` stays the cosine of the entry served (or of the nearest),
+and its ``score`` / ``score_margin`` carry the best-ranked candidate's mixed score and
+its lead over the best candidate with another answer, so a multi arm's thresholds can
+be re-evaluated offline.
 
 Lifetime. ``absolute``: alive until created_at + ttl. ``sliding``: every hit
 renews the ttl, but never past created_at + max_age_s. Expired entries are
@@ -144,6 +147,10 @@ class LookupResult:
     latency_ms: float = 0.0
     embed_ms: float = 0.0
     search_ms: float = 0.0
+    score: float | None = None
+    """Multi arms: the best-ranked candidate's mixed score (CacheEvent.score)."""
+    score_margin: float | None = None
+    """Multi arms: its lead over the best candidate with another answer (CacheEvent.score_margin)."""
 
     @property
     def event(self) -> CacheEvent:
@@ -440,6 +447,20 @@ class _EventRecord:
     latency_ms: float
     check: tuple[Partition, str | None, list] | None = None
     """(partition, scope, ANN answer) when this request was sampled for an ANN check."""
+    similarity_mode: str = "cosine"
+    score: float | None = None
+    score_margin: float | None = None
+
+
+@dataclass
+class _Ranking:
+    """The candidates a lookup may serve, best first, and (multi arms) the mixed score
+    of the best-ranked candidate past the cosine threshold and its lead over the best
+    one with another answer (None when there is none / no rival)."""
+
+    eligible: list[Candidate]
+    score: float | None = None
+    score_margin: float | None = None
 
 
 class SemanticCache:
@@ -525,7 +546,7 @@ class SemanticCache:
             partition.lookup_waiting_since = 0.0
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
-            served, guard = self._decide(query, outcome, threshold, arm)
+            served, guard, ranking = self._decide(query, outcome, threshold, arm)
             hit = served is not None
             if hit:
                 partition.touch(served.entry, now)
@@ -538,7 +559,8 @@ class SemanticCache:
             similarity=shown.similarity if shown else None, index_kind=partition.spec.kind,
             search_ms=search_ms, guard=guard, entry=snapshot, ts_ms=int(now * 1000),
             latency_ms=(time.perf_counter() - req.started) * 1000,
-            check=(partition, scope, outcome.raw) if check_ann and outcome.raw else None)
+            check=(partition, scope, outcome.raw) if check_ann and outcome.raw else None,
+            similarity_mode=arm.similarity, score=ranking.score, score_margin=ranking.score_margin)
         pending = self._hand_off(record)
         entry = served.entry if hit else None
         return LookupResult(
@@ -550,28 +572,30 @@ class SemanticCache:
             provenance={"source": entry.provenance_source, "version": entry.provenance_version}
             if entry else None, variant=req.variant, guard=guard,
             entry_age_s=snapshot["entry_age_s"], latency_ms=record.latency_ms,
-            embed_ms=req.embed_ms, search_ms=search_ms,
+            embed_ms=req.embed_ms, search_ms=search_ms, score=ranking.score,
+            score_margin=ranking.score_margin,
         )
 
     @staticmethod
     def _decide(query: str, outcome: SearchOutcome, threshold: float,
-                arm: ArmConfig) -> tuple[Candidate | None, str | None]:
-        """(candidate served, guard that blocked the best one). Candidates come best
-        first, so the first eligible one that every guard lets pass is served."""
+                arm: ArmConfig) -> tuple[Candidate | None, str | None, _Ranking]:
+        """(candidate served, guard that blocked the best one, the ranking). Candidates
+        come best first, so the first eligible one that every guard lets pass is served."""
         blocked_by = None
-        for candidate in SemanticCache._eligible(query, outcome.candidates, threshold, arm):
+        ranking = SemanticCache._eligible(query, outcome.candidates, threshold, arm)
+        for candidate in ranking.eligible:
             guard = first_conflict(query, candidate.entry.query, arm.guards)
             if guard is None:
-                return candidate, None
+                return candidate, None, ranking
             blocked_by = blocked_by or guard
-        return None, blocked_by
+        return None, blocked_by, ranking
 
     @staticmethod
     def _eligible(query: str, candidates: list[Candidate], threshold: float,
-                  arm: ArmConfig) -> list[Candidate]:
+                  arm: ArmConfig) -> _Ranking:
         """Candidates that may be served, best first: by cosine, or re-ranked (multi)."""
         if arm.similarity == "cosine":
-            return [c for c in candidates if c.similarity >= threshold]
+            return _Ranking([c for c in candidates if c.similarity >= threshold])
         multi = arm.multi
         ranked = rank(query, [c.entry.query for c in candidates],
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],
@@ -579,7 +603,18 @@ class SemanticCache:
                       answer_margin=multi.answer_margin,
                       weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent),
                       lexical=multi.lexical)
-        return [candidates[r.index] for r in ranked if r.eligible]
+        eligible = [candidates[r.index] for r in ranked if r.eligible]
+        if not ranked:
+            return _Ranking(eligible)
+        # The margin is what rank() tests answer_margin against for the best-ranked
+        # candidate, and whether that one is eligible decides for the rest: so the logged
+        # pair tells offline what any other mixed-score threshold / margin would have done.
+        best = ranked[0]
+        answer = candidates[best.index].entry.answer
+        rival = max((r.score for r in ranked[1:] if candidates[r.index].entry.answer != answer),
+                    default=None)
+        return _Ranking(eligible, score=float(best.score),
+                        score_margin=None if rival is None else float(best.score - rival))
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,
@@ -860,6 +895,8 @@ class SemanticCache:
             partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
             variant=req.variant, guard=record.guard, decision=record.decision,
             hit=record.decision == "hit", threshold=record.threshold, similarity=record.similarity,
+            similarity_mode=record.similarity_mode, score=record.score,
+            score_margin=record.score_margin,
             intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry,
             index_kind=record.index_kind, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,

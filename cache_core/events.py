@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from cache_core.experiments import ExperimentConfig
+from cache_core.experiments import ExperimentConfig, SimilarityKind
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +57,18 @@ class CacheEvent(BaseModel):
     threshold: float | None = None
     similarity: float | None = None
     """Top-1 similarity, logged on hits and misses alike (null if the index was empty)."""
+    similarity_mode: SimilarityKind = "cosine"
+    """How the arm ranks candidates (ArmConfig.similarity); "cosine" for bypasses and heartbeats."""
+    score: float | None = None
+    """"multi" arms: the mixed score (cache_core.similarity) of the best-ranked candidate at
+    or above the cosine threshold, logged on hits and misses alike, so another mixed-score
+    threshold can be evaluated offline. Null on cosine arms and when no candidate passed
+    the cosine threshold. If a guard vetoes that candidate and a later one is served, this
+    stays the best-ranked one's score (whether it passes decides for all the others)."""
+    score_margin: float | None = None
+    """"multi" arms: ``score`` minus the best score of a candidate (past the cosine threshold)
+    with a different answer, i.e. what MultiSimilarityConfig.answer_margin is compared with.
+    Null when there is no such rival."""
     intent_cluster: int = -1
     embedding_l2_norm: float | None = None
     entry_id: str | None = None

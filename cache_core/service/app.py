@@ -137,7 +137,8 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
             config_version=result.config_version, intent_cluster=result.intent_cluster,
             entry_id=result.entry_id, entry_age_s=result.entry_age_s,
             provenance=result.provenance, latency_ms=result.latency_ms,
-            variant=result.variant, guard=result.guard,
+            variant=result.variant, guard=result.guard, score=result.score,
+            score_margin=result.score_margin,
         )
 
     @app.post("/v1/store", response_model=StoreResponse)

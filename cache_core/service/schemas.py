@@ -61,6 +61,10 @@ class LookupResponse(BaseModel):
     """"canary" when the unit is in the arm's canary share."""
     guard: str | None = None
     """The lexical guard that turned a would-be hit into this miss."""
+    score: float | None = None
+    """Multi-similarity arms: the best-ranked candidate's mixed score (null on cosine arms)."""
+    score_margin: float | None = None
+    """Multi-similarity arms: its lead over the best candidate with another answer."""
 
 
 class StoreResponse(BaseModel):

@@ -44,10 +44,26 @@ def make_events(base_ms: int, window_s: int, n: int = 180, seed: int = 7,
             ann_agree=(rng.random() < 0.9) if checked else None,
             guard="negation" if (not hit and rng.random() < 0.1) else None,
             latency_ms=rng.choice(LATENCIES_MS), variant=rng.choice(("base", "base", "canary")),
+            # exp-b's arm re-ranks by mixed score (no rng draw: the other fields stay as they were).
+            **(multi_fields(i, similarity) if experiment_id == "exp-b" else {}),
         ))
     # In event-time order, as a cache produces them (the job drops events later than the
     # watermark delay from its windows; see jobs/attribution_job.py).
     return sorted(events, key=lambda e: e.ts_ms)
+
+
+def multi_fields(i: int, similarity: float | None) -> dict:
+    """A multi arm's score / score_margin (null when nothing passed the gate / no rival)."""
+    score = None if similarity is None or i % 7 == 0 else round(similarity - 0.01 * (i % 5), 4)
+    return {"similarity_mode": "multi", "score": score,
+            "score_margin": None if score is None or i % 2 else round(0.001 * i, 4)}
+
+
+def warehouse_raw_scores(client, request_ids: list[str]) -> dict[str, tuple]:
+    """events_raw FINAL: request_id -> (similarity_mode, score, score_margin)."""
+    rows = client.query("SELECT request_id, similarity_mode, score, score_margin FROM events_raw FINAL"
+                        " WHERE request_id IN {ids:Array(String)}", parameters={"ids": request_ids})
+    return {rid: (mode, score, margin) for rid, mode, score, margin in rows.result_rows}
 
 
 def heartbeats(ts_ms: int, partitions: int) -> list[tuple[int, CacheEvent]]:

@@ -20,7 +20,7 @@ from jobs.attribution_job import latest_checkpoint
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import (
     expected_feedback, expected_late, expected_windows, heartbeats, jittered, make_events, produce,
-    produce_feedback, warehouse_feedback, warehouse_late, warehouse_windows,
+    produce_feedback, warehouse_feedback, warehouse_late, warehouse_raw_scores, warehouse_windows,
 )
 
 pytestmark = pytest.mark.integration
@@ -99,6 +99,10 @@ def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, c
     _wait_equal("feedback_agg rows", lambda: warehouse_feedback(ch_client, experiment_ids), expected_fb, job)
     ids = [e.request_id for e in events + late]
     _wait_equal("events_raw FINAL rows", lambda: _count(ch_client, "events_raw", "request_id", ids), len(ids), job)
+    # Raw rows carry the multi arm's mixed score columns as produced (cosine arms: nulls).
+    assert warehouse_raw_scores(ch_client, ids) == {
+        e.request_id: (e.similarity_mode, e.score, e.score_margin) for e in events + late}
+    assert sum(e.score is not None for e in events) > 20 and sum(e.score_margin is not None for e in events) > 5
     fb_ids = sorted({f.request_id for f in feedback})
     assert _count(ch_client, "feedback_raw", "request_id", fb_ids) == len(fb_ids)
     # Late events never leak into the windows they missed.

@@ -31,6 +31,7 @@ def test_store_then_paraphrase_hits_and_event_is_published(api):
     assert looked.status_code == 200 and body["hit"] and body["answer"] == "Use the reset link."
     assert body["similarity"] >= body["threshold"] and body["provenance"]["version"] == "7"
     assert body["experiment_id"] == "threshold-ab" and body["config_version"] == 1
+    assert body["score"] is None and body["score_margin"] is None  # cosine arms have no mixed score
     assert api.app.state.cache.flush_events()  # events are finished after the answer
     event = api.publisher.events[-1]
     assert isinstance(event, CacheEvent) and event.request_id == body["request_id"]
