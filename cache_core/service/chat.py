@@ -14,14 +14,25 @@ Hit: the cached answer in the chat.completion shape, ``usage`` all zeros,
 ``settings.service.upstream_url`` (``.../chat/completions``; the caller's
 Authorization header goes along), the first choice's content is stored for
 the unit's arm, and the upstream response is returned with ``x-scache-hit: 0``.
+
+``stream: true``: Server-Sent Events (``data: <chat.completion.chunk>`` ... ``data: [DONE]``).
+A hit streams the cached answer a few words per chunk (first chunk ``delta.role``, last one
+``finish_reason: "stop"``). A miss forwards with ``stream: true`` and relays the upstream's
+events as they arrive while collecting the first choice's content; it is stored only if the
+stream finished with ``finish_reason: "stop"``, before ``[DONE]`` is relayed (so a client
+that saw ``[DONE]`` finds it cached). A stream that breaks off ends with an ``error`` event
+and no ``[DONE]``. An upstream error status is answered as without streaming.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -98,8 +109,11 @@ def upstream_endpoint(url: str) -> str:
 
 
 def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletionRequest,
-            headers) -> httpx.Response:
-    """POST the request upstream; ChatError 503/502/504 when it cannot be reached."""
+            headers, stream: bool = False) -> httpx.Response:
+    """POST the request upstream; ChatError 503/502/504 when it cannot be reached.
+
+    ``stream``: return once the status and headers are in, body unread (the caller
+    reads it and closes the response)."""
     if not service.upstream_url:
         raise ChatError(503, "cache miss and no upstream model is configured "
                              "(set SCACHE_SERVICE__UPSTREAM_URL)")
@@ -107,8 +121,9 @@ def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletion
     payload.setdefault("model", service.upstream_model)
     passed = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
     try:
-        return client.post(upstream_endpoint(service.upstream_url), json=payload, headers=passed,
-                           timeout=service.upstream_timeout_s)
+        request = client.build_request("POST", upstream_endpoint(service.upstream_url), json=payload,
+                                       headers=passed, timeout=service.upstream_timeout_s)
+        return client.send(request, stream=stream)
     except httpx.TimeoutException as exc:
         raise ChatError(504, f"upstream model timed out after {service.upstream_timeout_s} s") from exc
     except httpx.HTTPError as exc:
@@ -139,3 +154,168 @@ def store_answer(cache: SemanticCache, query: str, answer: str, identity: dict,
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+# -- streaming (Server-Sent Events) ------------------------------------------------------
+
+DONE = "[DONE]"
+# About this many content chunks for a cached answer: a few words each, whatever its length.
+CACHED_CHUNKS = 32
+_WORD = re.compile(r"\S+\s*|\s+")
+
+
+def sse(data: dict | str) -> bytes:
+    """One SSE event carrying ``data`` (a JSON object, or a raw payload such as [DONE])."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def wants_usage(body: ChatCompletionRequest) -> bool:
+    options = (body.model_extra or {}).get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def answer_pieces(answer: str, chunks: int = CACHED_CHUNKS) -> list[str]:
+    """``answer`` cut at word boundaries into at most about ``chunks`` pieces (joined: the
+    answer exactly, whitespace included)."""
+    words = _WORD.findall(answer)
+    per = max(1, -(-len(words) // chunks))
+    return ["".join(words[i:i + per]) for i in range(0, len(words), per)]
+
+
+def completion_chunks(completion_id: str, model: str, content: str, usage: dict | None = None,
+                      created: int | None = None, finish_reason: str = "stop") -> Iterator[bytes]:
+    """A whole answer as chat.completion.chunk events: role, content pieces, the finish_reason,
+    the ``usage`` chunk if given (stream_options.include_usage), then [DONE]."""
+    base = {"id": completion_id, "object": "chat.completion.chunk",
+            "created": created or int(time.time()), "model": model}
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish_reason}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in answer_pieces(content):
+        yield chunk({"content": piece})
+    yield chunk({}, finish_reason)
+    if usage is not None:
+        yield sse({**base, "choices": [], "usage": usage})
+    yield sse(DONE)
+
+
+def cached_chunks(body: ChatCompletionRequest, answer: str, request_id: str,
+                  default_model: str) -> Iterator[bytes]:
+    """A cache hit as a stream: same id and model as ``completion_from_cache``."""
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0} if wants_usage(body) else None
+    return completion_chunks(f"chatcmpl-{request_id}", body.model or default_model, answer, usage)
+
+
+def chunks_of_completion(completion: dict, body: ChatCompletionRequest) -> Iterator[bytes]:
+    """An upstream chat.completion (from an upstream that ignored stream=true) as a stream."""
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    content = message.get("content") if isinstance(message.get("content"), str) else ""
+    usage = completion.get("usage") if wants_usage(body) and isinstance(completion.get("usage"), dict) else None
+    return completion_chunks(str(completion.get("id") or f"chatcmpl-{new_request_id()}"),
+                             str(completion.get("model") or body.model or ""), content, usage,
+                             finish_reason=str(choice.get("finish_reason") or "stop"))
+
+
+def sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """The ``data`` of each event of an SSE line stream (multi-line data joined by newlines;
+    comments, other fields and empty events skipped)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:  # a last event without its blank line
+        yield "\n".join(data)
+
+
+@dataclass
+class StreamedReply:
+    """What a relayed upstream stream said, for the cache and the metrics."""
+
+    parts: list[str] = field(default_factory=list)
+    """Content deltas of the first choice, in order."""
+    finish_reason: str | None = None
+    model: str | None = None
+    done: bool = False
+    """The upstream sent [DONE]."""
+    error: str | None = None
+    """Why the stream did not complete (upstream error event, broken connection, ...)."""
+    chunks: int = 0
+
+    def feed(self, data: str) -> None:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            self.error = self.error or "upstream sent an event that is not JSON"
+            return
+        if not isinstance(chunk, dict):
+            self.error = self.error or "upstream sent an event that is not a JSON object"
+            return
+        self.chunks += 1
+        if chunk.get("error") is not None:
+            self.error = self.error or "upstream reported an error in the stream"
+        self.model = self.model or (chunk.get("model") if isinstance(chunk.get("model"), str) else None)
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # n > 1: the first choice is the one cached, as without streaming
+            content = (choice.get("delta") or {}).get("content")
+            if isinstance(content, str):
+                self.parts.append(content)
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and (self.done or self.finish_reason is not None)
+
+    @property
+    def answer(self) -> str | None:
+        """The reply's text if it is cacheable: complete and finished with "stop"."""
+        if not self.complete or self.finish_reason != "stop":
+            return None
+        text = "".join(self.parts)
+        return text if text.strip() else None
+
+
+def relay_stream(response: httpx.Response, finished: Callable[[StreamedReply], None]) -> Iterator[bytes]:
+    """Relay an upstream SSE response event by event (nothing buffered) and end it with
+    [DONE], or with an ``error`` event if it broke off. ``finished(reply)`` runs once,
+    before [DONE] goes out (so a cacheable reply is stored before the client hears the
+    end), and also when the stream fails or the client goes away. Closes ``response``."""
+    reply = StreamedReply()
+    reported = False
+    try:
+        try:
+            for data in sse_data(response.iter_lines()):
+                if data.strip() == DONE:
+                    reply.done = True
+                    break
+                reply.feed(data)
+                yield sse(data)
+        except httpx.HTTPError as exc:
+            reply.error = f"upstream stream broke off: {type(exc).__name__}"
+        if not reply.complete:
+            reply.error = reply.error or "upstream stream ended before the reply finished"
+        reported = True
+        finished(reply)
+        if reply.complete:
+            yield sse(DONE)
+        else:
+            yield sse({"error": {"message": reply.error, "type": "upstream_error"}})
+    except GeneratorExit:  # the client went away mid-stream: nothing is cached
+        if not reported:
+            reply.error = reply.error or "client disconnected"
+            finished(reply)
+        raise
+    finally:
+        response.close()

@@ -1,11 +1,14 @@
 """Chat completions (against a real local upstream HTTP server), admin API, new metrics."""
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
 from cache_core.experiments import ArmConfig, ExperimentConfig
@@ -20,11 +23,19 @@ TOKEN = "s3cret-admin"
 
 
 class Upstream:
-    """A tiny OpenAI-compatible server on a free port, run by uvicorn in a thread."""
+    """A tiny OpenAI-compatible server on a free port, run by uvicorn in a thread.
+
+    ``stream: true`` is answered with SSE chunks, one per word. Questions that misbehave:
+    "fail please" (429), "truncate please" (finish_reason "length"), "break please" (the
+    connection drops mid-stream), "no stream please" (plain JSON despite stream=true),
+    "wait for the gate" (stops after the first word until ``gate`` is set)."""
 
     def __init__(self):
         self.calls: list[dict] = []
         self.headers: list[dict] = []
+        self.gate = threading.Event()
+        self.gate_released = False
+        """Whether the last gated stream went on because the gate was set (not a timeout)."""
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
@@ -35,6 +46,9 @@ class Upstream:
             question = body["messages"][-1]["content"]
             if question == "fail please":
                 return _error()
+            if body.get("stream") and question != "no stream please":
+                return StreamingResponse(self._chunks(question, body["model"], len(self.calls)),
+                                         media_type="text/event-stream")
             return {"id": f"up-{len(self.calls)}", "object": "chat.completion", "created": 1,
                     "model": body["model"], "usage": {"prompt_tokens": 7, "completion_tokens": 5,
                                                       "total_tokens": 12},
@@ -49,6 +63,22 @@ class Upstream:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                     log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    async def _chunks(self, question: str, model: str, call: int):
+        def event(delta: dict, finish_reason=None) -> bytes:
+            chunk = {"id": f"up-{call}", "object": "chat.completion.chunk", "created": 1, "model": model,
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            return f"data: {json.dumps(chunk)}\n\n".encode()
+
+        yield event({"role": "assistant", "content": ""})
+        for i, word in enumerate(f"upstream says: {question}".split(" ")):
+            yield event({"content": word if i == 0 else f" {word}"})
+            if i == 0 and question == "wait for the gate":
+                self.gate_released = await asyncio.to_thread(self.gate.wait, 20)
+            if i == 1 and question == "break please":
+                raise RuntimeError("upstream crashed mid-stream")
+        yield event({}, "length" if question == "truncate please" else "stop")
+        yield b"data: [DONE]\n\n"
 
     def __enter__(self):
         self.thread.start()
@@ -159,7 +189,7 @@ def test_upstream_errors_pass_through_and_are_not_cached(minilm_embedder, tmp_pa
 @pytest.mark.parametrize("payload, status, reason", [
     ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, 422, "no user message"),
     ({"model": "m", "messages": []}, 422, "messages"),
-    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 422, "stream"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 503, "upstream"),
     ({"model": "m", "messages": [{"role": "user", "content": "an unseen question"}]}, 503, "upstream"),
 ])
 def test_chat_bad_requests_and_no_upstream(minilm_embedder, tmp_path, payload, status, reason):
