@@ -100,8 +100,10 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     filters = queries.Filters(experiment_id, end - timedelta(seconds=lookback_s), end + timedelta(seconds=1))
     last = queries.last_changes(client, experiment_id)
     last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
-    recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters),
-                                           queries.labelled_similarity(client, filters), guardrails,
+    # Multi arms' what-if re-applies their current score floor / answer margin to the logs.
+    rules = queries.multi_rules(config)
+    recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
+                                           queries.labelled_similarity(client, filters, rules), guardrails,
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
     for rec in recommendations:
         if rec.arm in touched and rec.action == "change":

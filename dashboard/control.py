@@ -321,8 +321,10 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     ``similarity_hist`` is ``queries.similarity_histogram``: per arm and
     ``similarity_milli`` bin, decisions / hits / guard_blocks. A decision counts as
     an estimated hit when its top-1 similarity reaches the threshold and no guard
-    blocked it. First-order estimate: it holds the cache's contents fixed, while a
-    different threshold would also change what got stored and evicted.
+    blocked it (nor, for a multi arm, its current score floor / answer margin:
+    ``multi_blocks``; see dashboard.tuning for where that replay holds). First-order
+    estimate: it holds the cache's contents fixed, while a different threshold would
+    also change what got stored and evicted.
     """
     threshold = validate_threshold(threshold)
     columns = ["arm", "decisions", "observed_hits", "observed_hit_rate", "est_hits", "est_hit_rate"]
@@ -332,7 +334,8 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     if "guard_blocks" not in df:
         df = df.assign(guard_blocks=0)
     passes = df["similarity_milli"].notna() & (df["similarity_milli"].fillna(-10**9) >= _min_bin(threshold, bin_width))
-    est = (df["decisions"] - df["guard_blocks"]).where(passes, 0)
+    blocked = df["guard_blocks"] + (df["multi_blocks"] if "multi_blocks" in df else 0)
+    est = (df["decisions"] - blocked).where(passes, 0)
     out = pd.DataFrame({"arm": df["arm"], "decisions": df["decisions"], "observed_hits": df["hits"],
                         "est_hits": est}).groupby("arm", as_index=False).sum()
     out["observed_hit_rate"] = out["observed_hits"] / out["decisions"]

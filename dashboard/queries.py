@@ -10,12 +10,14 @@ pandas DataFrame (empty, with the documented columns, when there is no data).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
 import pandas as pd
 
+from cache_core.experiments import ExperimentConfig
 from udfs.buckets import LATENCY_BOUNDS_MS, histogram_quantile
 
 Breakdown = Literal["intent_cluster", "lifetime_bucket", "index_kind"]
@@ -45,6 +47,29 @@ class Filters:
             "end_ms": _epoch_ms(self.end),
             "namespace": self.namespace or "",
         }
+
+
+@dataclass(frozen=True)
+class MultiRule:
+    """A multi-similarity arm's mixed-score floor and answer margin, re-applied to its
+    logged ``score`` / ``score_margin`` by the what-if queries."""
+
+    arm: str
+    score_floor: float
+    answer_margin: float
+
+
+def multi_rules(config: ExperimentConfig | None) -> tuple[MultiRule, ...]:
+    """The current rule of every multi arm of ``config`` (() for None or cosine-only)."""
+    if config is None:
+        return ()
+    return tuple(MultiRule(a.name, float(a.multi.threshold), float(a.multi.answer_margin))
+                 for a in config.arms if a.similarity == "multi")
+
+
+def _multi_parameters(rules: Sequence[MultiRule]) -> dict:
+    return {"multi_arms": [r.arm for r in rules], "score_floors": [float(r.score_floor) for r in rules],
+            "answer_margins": [float(r.answer_margin) for r in rules]}
 
 
 def _epoch_ms(moment: datetime) -> int:
@@ -125,43 +150,104 @@ WHERE experiment_id = {experiment_id:String}
 ORDER BY namespace
 """
 
-# Similarities of real decisions (holdout bypasses and heartbeats excluded), binned
-# at SIMILARITY_BIN. A NULL bin is a lookup against an empty index: a miss at any threshold.
-SIMILARITY_HIST_SQL = """
-SELECT arm,
-       intent_cluster,
-       toInt64(floor(similarity * 1000 + 1e-9)) AS similarity_milli,
-       count() AS decisions,
-       countIf(hit) AS hits,
-       countIf(guard IS NOT NULL) AS guard_blocks
-FROM events_raw FINAL
+# Multi-similarity arms (ArmConfig.similarity="multi") serve a candidate only if it
+# passes the cosine threshold AND its mixed score reaches the arm's floor AND it leads
+# the best candidate with another answer by the arm's answer margin. Events log
+# `score` / `score_margin` of the best-ranked candidate past the cosine gate *at
+# decision time* (cache_core.events.CacheEvent), and whether that one passes decides
+# for all the others, so the floor and margin of the arm's current config can be
+# re-applied offline (same weights, guards aside). The arms, floors and margins come
+# in as three parallel array parameters (MultiRule); the rule applies to rows logged
+# in multi mode of arms that are multi now. Rows with similarity_mode '' (written
+# before migration 0003) or 'cosine' keep the plain cosine reading.
+# The WITH prefix below names, per row: multi_row (the rule applies), the arm's
+# score_floor / answer_margin, and multi_refused: no candidate past the cosine gate
+# (score NULL), a score under the floor, or a rival answer closer than the margin (no
+# rival: score_margin NULL, never refused by the margin).
+_MULTI_WITH = """WITH similarity_mode = 'multi' AND has({multi_arms:Array(String)}, arm) AS multi_row,
+     transform(arm, {multi_arms:Array(String)}, {score_floors:Array(Float64)}, 0.) AS score_floor,
+     transform(arm, {multi_arms:Array(String)}, {answer_margins:Array(Float64)}, 0.) AS answer_margin,
+     ifNull(score < score_floor, true) OR ifNull(score_margin < answer_margin, false) AS multi_refused"""
+
+_DECISIONS_FILTER = """
 WHERE event_type = 'decision'
   AND decision IN ('hit', 'miss')
   AND experiment_id = {experiment_id:String}
   AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
   AND ({namespace:String} = '' OR namespace = {namespace:String})
+"""
+
+# Similarities of real decisions (holdout bypasses and heartbeats excluded), binned
+# at SIMILARITY_BIN. A NULL bin is a lookup against an empty index: a miss at any threshold.
+# multi_blocks: decisions of multi arms the current score floor / margin refuse (and no
+# guard blocked: those are guard_blocks already), so servable = decisions - guard_blocks
+# - multi_blocks at any cosine threshold t >= the logged one. multi_min_threshold: the
+# lowest cosine threshold those rows were logged at (NULL: no multi rows). Below it the
+# what-if cannot be replayed: candidates between t and the logged threshold were never
+# ranked (they could have won, or been the rival), so tuning marks such t unsupported.
+# (If the threshold changed within the range, rows logged at a higher one are read as
+# if they had been logged at t: the bound is the lowest, not each row's own.)
+SIMILARITY_HIST_SQL = f"""
+{_MULTI_WITH}
+SELECT arm,
+       intent_cluster,
+       toInt64(floor(similarity * 1000 + 1e-9)) AS similarity_milli,
+       count() AS decisions,
+       countIf(hit) AS hits,
+       countIf(guard IS NOT NULL) AS guard_blocks,
+       countIf(guard IS NULL AND multi_row AND multi_refused) AS multi_blocks,
+       minIf(threshold, multi_row) AS multi_min_threshold
+FROM events_raw FINAL
+{_DECISIONS_FILTER}
 GROUP BY arm, intent_cluster, similarity_milli
 ORDER BY arm, intent_cluster, similarity_milli
 """
 
 # Feedback-labelled hits per similarity bin: the what-if false-hit rate at t counts
-# the labelled hits with similarity >= t. Both tables are replacing: FINAL on each.
-LABELLED_SIMILARITY_SQL = """
+# the labelled hits with similarity >= t (for multi arms: those the current floor and
+# margin would still serve). Both tables are replacing: FINAL on each.
+LABELLED_SIMILARITY_SQL = f"""
 SELECT e.arm AS arm,
        e.intent_cluster AS intent_cluster,
        toInt64(floor(e.similarity * 1000 + 1e-9)) AS similarity_milli,
        countIf(f.verdict = 'correct') AS correct,
        countIf(f.verdict = 'wrong') AS wrong
 FROM (
+    {_MULTI_WITH}
     SELECT request_id, arm, intent_cluster, similarity FROM events_raw FINAL
     WHERE event_type = 'decision' AND decision = 'hit' AND similarity IS NOT NULL
-      AND experiment_id = {experiment_id:String}
-      AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
-      AND ({namespace:String} = '' OR namespace = {namespace:String})
+      AND experiment_id = {{experiment_id:String}}
+      AND ts_ms >= {{start_ms:Int64}} AND ts_ms < {{end_ms:Int64}}
+      AND ({{namespace:String}} = '' OR namespace = {{namespace:String}})
+      AND NOT (multi_row AND multi_refused)
 ) AS e
 INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
 GROUP BY arm, intent_cluster, similarity_milli
 ORDER BY arm, intent_cluster, similarity_milli
+"""
+
+# Multi arms' decisions by answer margin (at SIMILARITY_BIN; NULL = no rival answer past the
+# cosine gate), at the cosine thresholds as logged, keeping only those whose score
+# reaches the current floor and that no guard blocked: a decision is served at margin
+# m iff its bin is NULL or >= m. Exact at the logged cosine gate (the margin changes
+# eligibility, not ranking), guards aside: a decision the margin refused never met the
+# guards. correct / wrong: its feedback-labelled hits.
+MULTI_MARGIN_SQL = f"""
+SELECT e.arm AS arm,
+       e.margin_milli AS margin_milli,
+       count() AS decisions,
+       countIf(e.hit AND f.verdict = 'correct') AS correct,
+       countIf(e.hit AND f.verdict = 'wrong') AS wrong
+FROM (
+    {_MULTI_WITH}
+    SELECT request_id, arm, hit, toInt64(floor(score_margin * 1000 + 1e-9)) AS margin_milli
+    FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND multi_row AND guard IS NULL AND ifNull(score >= score_floor, false)
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm, margin_milli
+ORDER BY arm, margin_milli
 """
 
 _FEEDBACK_FILTER = _WINDOW_FILTER
@@ -271,8 +357,10 @@ COLUMNS: dict[str, list[str]] = {
     LATENCY_HIST_SQL: ["arm", "requests", "latency_hist"],
     TIMESERIES_SQL: ["arm", "bucket", "requests", "hits", "latency_sum_ms", "latency_hist"],
     **{sql: ["arm", dim, *_SUMS] for dim, sql in BREAKDOWN_SQL.items()},
-    SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks"],
+    SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks",
+                          "multi_blocks", "multi_min_threshold"],
     LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "correct", "wrong"],
+    MULTI_MARGIN_SQL: ["arm", "margin_milli", "decisions", "correct", "wrong"],
     FALSE_HITS_SQL: ["arm", "variant", "correct", "wrong"],
     FALSE_HITS_TIMESERIES_SQL: ["arm", "bucket", "correct", "wrong"],
     VARIANT_SUMMARY_SQL: ["arm", "variant", "requests", "hits"],
@@ -372,9 +460,10 @@ def variant_summary(client, filters: Filters) -> pd.DataFrame:
     return _with_hit_rate(_frame(client, VARIANT_SUMMARY_SQL, filters.parameters()))
 
 
-def labelled_similarity(client, filters: Filters) -> pd.DataFrame:
-    """Per arm x intent cluster x similarity bin: feedback-labelled hits, correct and wrong."""
-    return _frame(client, LABELLED_SIMILARITY_SQL, filters.parameters())
+def labelled_similarity(client, filters: Filters, multi: Sequence[MultiRule] = ()) -> pd.DataFrame:
+    """Per arm x intent cluster x similarity bin: feedback-labelled hits, correct and wrong
+    (of ``multi`` arms only the hits their floor and margin would still serve)."""
+    return _frame(client, LABELLED_SIMILARITY_SQL, {**filters.parameters(), **_multi_parameters(multi)})
 
 
 def canary_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.DataFrame:
@@ -419,11 +508,23 @@ def namespaces(client, experiment_id: str) -> list[str]:
     return [row[0] for row in result.result_rows]
 
 
-def similarity_histogram(client, filters: Filters) -> pd.DataFrame:
+def similarity_histogram(client, filters: Filters, multi: Sequence[MultiRule] = ()) -> pd.DataFrame:
     """Per arm x intent cluster x similarity bin (``similarity_milli``; NA = empty index):
-    decisions, hits, guard blocks."""
-    df = _frame(client, SIMILARITY_HIST_SQL, filters.parameters())
+    decisions, hits, guard blocks, and for ``multi`` arms the decisions their current
+    floor / margin refuse (``multi_blocks``) and the lowest logged cosine threshold of
+    those rows (``multi_min_threshold``, NaN without multi rows)."""
+    df = _frame(client, SIMILARITY_HIST_SQL, {**filters.parameters(), **_multi_parameters(multi)})
     df["similarity_milli"] = df["similarity_milli"].astype("Int64")
+    df["multi_min_threshold"] = pd.to_numeric(df["multi_min_threshold"], errors="coerce").astype("float64")
+    return df
+
+
+def multi_margin_histogram(client, filters: Filters, multi: Sequence[MultiRule]) -> pd.DataFrame:
+    """Per ``multi`` arm x answer-margin bin (``margin_milli``, NA = no rival answer): the
+    decisions whose score reaches the arm's floor and no guard blocked, and their labelled
+    hits (correct, wrong). Served at margin m iff the bin is NA or >= m."""
+    df = _frame(client, MULTI_MARGIN_SQL, {**filters.parameters(), **_multi_parameters(multi)})
+    df["margin_milli"] = df["margin_milli"].astype("Int64")
     return df
 
 

@@ -11,6 +11,17 @@ Labels exist only for served hits, so the false-hit rate below the lowest labell
 similarity is unknown: such thresholds are never recommended. Moving in steps, and
 trying a step on a canary first, earns the labels for the next step.
 
+Multi-similarity arms: a decision counts as a hit at t only if the arm's current
+mixed-score floor and answer margin also pass its logged ``score`` / ``score_margin``
+(``multi_blocks`` of queries.similarity_histogram; the labelled hits are filtered the
+same way). Those were logged for the best-ranked candidate past the cosine threshold
+*in force at decision time*, so the replay holds at or above that threshold (above it,
+approximately: a raised gate may drop a rival or the winner, which the log cannot
+show, and a miss's ``similarity`` is its nearest candidate's cosine, not necessarily
+the best-ranked one's); below it candidates were never ranked at all. Thresholds under the lowest
+logged one (``multi_min_threshold``) are therefore unsupported and never recommended.
+``margin_table`` replays other answer margins at the logged cosine gates.
+
 ``evaluate_canary`` says promote / rollback / continue for a running canary from its
 labelled hits, with the sequential test (safe to re-evaluate on every run) or a
 fixed one-sided bound.
@@ -89,49 +100,124 @@ class CanaryDecision:
     """The always-valid p-value (sequential) or the bound that decided (fixed)."""
 
 
-def _bins(df: pd.DataFrame, value_cols: list[str]) -> pd.DataFrame:
-    """Sum ``value_cols`` per similarity bin (NA bins dropped), sorted by bin."""
+def _bins(df: pd.DataFrame, value_cols: list[str], key: str = "similarity_milli") -> pd.DataFrame:
+    """Sum ``value_cols`` per ``key`` bin (NA bins dropped), sorted by bin."""
     if df.empty:
-        return pd.DataFrame({"similarity_milli": pd.Series([], dtype="int64"),
+        return pd.DataFrame({key: pd.Series([], dtype="int64"),
                              **{c: pd.Series([], dtype="int64") for c in value_cols}})
-    known = df[df["similarity_milli"].notna()]
-    out = known.groupby("similarity_milli", as_index=False)[value_cols].sum()
-    out["similarity_milli"] = out["similarity_milli"].astype("int64")
-    return out.sort_values("similarity_milli")
+    known = df[df[key].notna()]
+    out = known.groupby(key, as_index=False)[value_cols].sum()
+    out[key] = out[key].astype("int64")
+    return out.sort_values(key)
 
 
-def _at_or_above(bins: pd.DataFrame, col: str, thresholds: np.ndarray) -> np.ndarray:
+def _at_or_above(bins: pd.DataFrame, col: str, thresholds: np.ndarray, key: str = "similarity_milli") -> np.ndarray:
     """For each threshold: sum of ``col`` over bins whose every value is >= the threshold."""
-    edges = bins["similarity_milli"].to_numpy()
+    edges = bins[key].to_numpy()
     suffix = np.concatenate([np.cumsum(bins[col].to_numpy()[::-1])[::-1], [0]])
     first_bin = np.ceil(thresholds / BIN_WIDTH - 1e-9).astype("int64")
     return suffix[np.searchsorted(edges, first_bin, side="left")]
+
+
+def replay_floor(similarity_hist: pd.DataFrame) -> float | None:
+    """The lowest cosine threshold the multi-rule rows of ``similarity_hist`` (one arm,
+    or one cluster of it) were logged at; None when there are none (cosine arm)."""
+    if similarity_hist.empty or "multi_min_threshold" not in similarity_hist:
+        return None
+    low = pd.to_numeric(similarity_hist["multi_min_threshold"], errors="coerce").min()
+    return None if pd.isna(low) else float(low)
+
+
+def drop_unreplayable(curve: pd.DataFrame, similarity_hist: pd.DataFrame) -> pd.DataFrame:
+    """``curve`` rows (arm, threshold, ...) except multi arms' thresholds under their
+    ``replay_floor`` in ``similarity_hist`` (what the logs cannot tell)."""
+    if curve.empty or similarity_hist.empty:
+        return curve
+    floors = {arm: replay_floor(rows) for arm, rows in similarity_hist.groupby("arm")}
+    low = curve["arm"].map(lambda arm: floors.get(arm)).astype("float64")
+    return curve[~(curve["threshold"] < low - 1e-9)]
+
+
+def _servable(hist: pd.DataFrame) -> pd.Series:
+    """Decisions a threshold at or under their bin could serve: not guard-blocked, and for
+    multi arms not refused by the current floor / margin."""
+    blocked = hist["guard_blocks"] if "guard_blocks" in hist else 0
+    if "multi_blocks" in hist:
+        blocked = blocked + hist["multi_blocks"]
+    return hist["decisions"] - blocked
 
 
 def threshold_table(similarity_hist: pd.DataFrame, labelled: pd.DataFrame, thresholds,
                     alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
     """Per candidate threshold: estimated hit rate and the false-hit rate with its upper bound.
 
-    ``similarity_hist`` rows (decisions, hits, guard_blocks per bin) and ``labelled``
-    rows (correct, wrong per bin) should already be narrowed to one arm (and cluster).
+    ``similarity_hist`` rows (decisions, hits, guard_blocks and, for multi arms,
+    multi_blocks / multi_min_threshold per bin) and ``labelled`` rows (correct, wrong per
+    bin) should already be narrowed to one arm (and cluster). ``supported``: labels reach
+    down to the threshold and (multi arms, ``replayable``) it is not under the lowest
+    logged cosine threshold.
     """
     thresholds = np.asarray(list(thresholds), dtype="float64")
-    hist = similarity_hist if "guard_blocks" in similarity_hist else similarity_hist.assign(guard_blocks=0)
+    hist = similarity_hist
     decisions = int(hist["decisions"].sum()) if not hist.empty else 0
-    sims = _bins(hist.assign(servable=hist["decisions"] - hist["guard_blocks"]), ["servable"])
+    sims = _bins(hist.assign(servable=_servable(hist)) if not hist.empty else hist, ["servable"])
     labels = _bins(labelled, ["correct", "wrong"])
     est_hits = _at_or_above(sims, "servable", thresholds)
     wrong = _at_or_above(labels, "wrong", thresholds)
     n_labelled = wrong + _at_or_above(labels, "correct", thresholds)
     lowest_label = labels["similarity_milli"].min() * BIN_WIDTH if not labels.empty else math.inf
+    floor = replay_floor(hist)
     rows = []
     for t, hits, n, w in zip(thresholds, est_hits, n_labelled, wrong):
         stat = ProportionStat(int(n), int(w))
+        replayable = floor is None or t >= floor - 1e-9
         rows.append({"threshold": round(float(t), 6), "decisions": decisions, "est_hits": int(hits),
                      "est_hit_rate": hits / decisions if decisions else None,
                      "labelled": int(n), "wrong": int(w), "false_hit_rate": stat.rate,
-                     "false_hit_upper": upper_bound(stat, alpha),
-                     "supported": bool(t >= lowest_label - 1e-9)})
+                     "false_hit_upper": upper_bound(stat, alpha), "replayable": replayable,
+                     "supported": bool(t >= lowest_label - 1e-9) and replayable})
+    return pd.DataFrame(rows)
+
+
+def margin_grid(current: float) -> list[float]:
+    """A few answer margins around ``current`` for the multi what-if, current included."""
+    grid = [0.0, current / 2, current, current * 2, current + 0.01, current + 0.02, current + 0.05]
+    return sorted({round(min(max(m, 0.0), 1.0), 4) for m in grid})
+
+
+def margin_table(margin_hist: pd.DataFrame, decisions: int, margins, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    """Per candidate answer margin of one multi arm: estimated hits and the false-hit rate.
+
+    ``margin_hist`` is queries.multi_margin_histogram narrowed to the arm (decisions whose
+    score reaches the floor, no guard blocking, per margin bin; NA = no rival answer, served
+    at any margin); ``decisions`` is all of the arm's logged decisions (the denominator).
+    The cosine gate stays as logged, where the replay is exact (guards aside). Only served
+    hits carry labels: a margin that would serve decisions (with a rival) in bins under the
+    lowest labelled one is ``supported=False``, its false-hit rate ignores them.
+    """
+    margins = np.asarray(list(margins), dtype="float64")
+    hist = margin_hist
+    no_rival = hist[hist["margin_milli"].isna()] if not hist.empty else hist
+    base = {c: int(no_rival[c].sum()) if not no_rival.empty else 0 for c in ("decisions", "correct", "wrong")}
+    bins = _bins(hist, ["decisions", "correct", "wrong"], key="margin_milli")
+    est = base["decisions"] + _at_or_above(bins, "decisions", margins, key="margin_milli")
+    wrong = base["wrong"] + _at_or_above(bins, "wrong", margins, key="margin_milli")
+    n = wrong + base["correct"] + _at_or_above(bins, "correct", margins, key="margin_milli")
+    labelled_bins = bins[(bins["correct"] + bins["wrong"]) > 0]
+    # Served decisions with a rival in bins under the lowest labelled one: unlabelled.
+    with_rival = _at_or_above(bins, "decisions", margins, key="margin_milli")
+    if labelled_bins.empty:
+        unlabelled = with_rival
+    else:
+        lowest = np.array([labelled_bins["margin_milli"].min() * BIN_WIDTH])
+        unlabelled = with_rival - _at_or_above(bins, "decisions", lowest, key="margin_milli")[0]
+    rows = []
+    for m, hits, k, w, u in zip(margins, est, n, wrong, unlabelled):
+        stat = ProportionStat(int(k), int(w))
+        rows.append({"answer_margin": round(float(m), 6), "decisions": int(decisions), "est_hits": int(hits),
+                     "est_hit_rate": hits / decisions if decisions else None, "labelled": int(k), "wrong": int(w),
+                     "false_hit_rate": stat.rate, "false_hit_upper": upper_bound(stat, alpha),
+                     "supported": bool(u <= 0)})
     return pd.DataFrame(rows)
 
 

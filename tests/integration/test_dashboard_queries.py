@@ -2,11 +2,12 @@
 import uuid
 from datetime import timedelta
 
+import pandas as pd
 import pytest
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
-from dashboard import control, queries
+from dashboard import control, queries, tuning
 from tests.fixtures import dashboard_seed as seed
 
 pytestmark = pytest.mark.integration
@@ -111,3 +112,96 @@ def test_audit_rows_readable_by_queries(seeded):
     listed = queries.experiments(client).set_index("experiment_id")
     assert listed.at[experiment_id, "version"] == 2
     assert '"threshold":0.77' in listed.at[experiment_id, "config_json"]
+
+
+# -- multi-similarity arms: score floor / answer margin re-applied in the SQL ---------
+
+# (arm, similarity_mode, logged cosine threshold, similarity, hit, guard, score, score_margin, verdict)
+MULTI_ROWS = [
+    ("mx", "multi", 0.85, 0.90, True, None, 0.70, 0.05, "correct"),   # passes
+    ("mx", "multi", 0.85, 0.90, True, None, 0.70, None, "wrong"),     # no rival: passes any margin
+    ("mx", "multi", 0.85, 0.90, True, None, 0.70, 0.005, "wrong"),    # served then; margin 0.01 refuses
+    ("mx", "multi", 0.85, 0.90, False, None, 0.40, 0.20, None),       # under the floor
+    ("mx", "multi", 0.85, 0.82, False, None, None, None, None),       # nothing past the cosine gate
+    ("mx", "multi", 0.80, 0.90, False, "negation", 0.70, 0.05, None), # a guard blocked it
+    ("mx", "multi", 0.80, 0.95, True, None, 0.45, 0.10, "correct"),   # served under an older, lower floor
+    ("old", "", 0.85, 0.90, False, None, None, None, None),           # written before migration 0003
+    ("cos", "cosine", 0.85, 0.90, True, None, None, None, "correct"),
+]
+RULES = (queries.MultiRule("mx", 0.5, 0.01), queries.MultiRule("old", 0.5, 0.01))
+
+
+@pytest.fixture(scope="module")
+def multi_seeded(seeded):
+    client, filters, *_ = seeded
+    experiment_id = f"dash-multi-{uuid.uuid4().hex[:8]}"
+    ts_ms = filters.parameters()["end_ms"] - 120_000
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "decision", "hit",
+             "threshold", "similarity", "guard", "similarity_mode", "score", "score_margin"]
+    events, feedback = [], []
+    for i, (arm, mode, threshold, sim, hit, guard, score, margin, verdict) in enumerate(MULTI_ROWS):
+        rid = f"{experiment_id}-{i}"
+        events.append(["decision", rid, ts_ms + i, "default", experiment_id, arm, "hit" if hit else "miss", hit,
+                       threshold, sim, guard, mode, score, margin])
+        if verdict:
+            feedback.append([1, rid, verdict, ts_ms + 1000 + i, "test"])
+    client.insert("events_raw", events, column_names=names)
+    client.insert("feedback_raw", feedback, column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    return client, queries.Filters(experiment_id, filters.start, filters.end)
+
+
+def _by_bin(df, arm):
+    return df[df["arm"] == arm].set_index("similarity_milli")
+
+
+def test_similarity_histogram_applies_the_multi_rule(multi_seeded):
+    client, filters = multi_seeded
+    hist = queries.similarity_histogram(client, filters, RULES)
+    mx = _by_bin(hist, "mx")
+    assert mx.loc[900, ["decisions", "hits", "guard_blocks", "multi_blocks"]].tolist() == [5, 3, 1, 2]
+    assert mx.loc[820, "multi_blocks"] == 1 and mx.loc[950, "multi_blocks"] == 1
+    assert tuning.replay_floor(hist[hist["arm"] == "mx"]) == pytest.approx(0.80)
+    for arm in ("old", "cos"):  # not logged in multi mode: the plain cosine reading
+        rows = hist[hist["arm"] == arm]
+        assert rows["multi_blocks"].sum() == 0 and tuning.replay_floor(rows) is None
+    plain = queries.similarity_histogram(client, filters)  # no rules: every arm read as cosine
+    assert plain["multi_blocks"].sum() == 0 and plain["multi_min_threshold"].isna().all()
+    assert plain["decisions"].sum() == hist["decisions"].sum() == len(MULTI_ROWS)
+
+
+def test_labelled_similarity_keeps_only_hits_the_rule_still_serves(multi_seeded):
+    client, filters = multi_seeded
+    plain = _by_bin(queries.labelled_similarity(client, filters), "mx")
+    ruled = _by_bin(queries.labelled_similarity(client, filters, RULES), "mx")
+    assert plain.loc[900, ["correct", "wrong"]].tolist() == [1, 2] and plain.loc[950, "correct"] == 1
+    assert ruled.loc[900, ["correct", "wrong"]].tolist() == [1, 1] and 950 not in ruled.index
+    assert _by_bin(queries.labelled_similarity(client, filters, RULES), "cos").loc[900, "correct"] == 1
+
+
+def test_multi_whatif_from_the_warehouse_differs_from_the_cosine_reading(multi_seeded):
+    client, filters = multi_seeded
+    mx = lambda df: df[df["arm"] == "mx"]
+    ruled = tuning.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
+                                   mx(queries.labelled_similarity(client, filters, RULES)), [0.80, 0.90])
+    plain = tuning.threshold_table(mx(queries.similarity_histogram(client, filters)),
+                                   mx(queries.labelled_similarity(client, filters)), [0.80, 0.90])
+    ruled, plain = ruled.set_index("threshold"), plain.set_index("threshold")
+    assert (ruled.at[0.90, "est_hits"], plain.at[0.90, "est_hits"]) == (2, 5)
+    assert (ruled.at[0.90, "labelled"], ruled.at[0.90, "wrong"]) == (2, 1)
+    assert ruled["replayable"].all()
+    below = tuning.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
+                                   mx(queries.labelled_similarity(client, filters, RULES)), [0.79])
+    assert not below.iloc[0]["replayable"] and not below.iloc[0]["supported"]
+
+
+def test_multi_margin_histogram_feeds_the_margin_whatif(multi_seeded):
+    client, filters = multi_seeded
+    margins = queries.multi_margin_histogram(client, filters, RULES)
+    assert set(margins["arm"]) == {"mx"}  # "old" has no multi rows
+    rows = {(None if pd.isna(m) else int(m)): (d, c, w) for m, d, c, w in
+            margins[["margin_milli", "decisions", "correct", "wrong"]].itertuples(index=False)}
+    assert rows == {None: (1, 0, 1), 5: (1, 0, 1), 50: (1, 1, 0)}
+    table = tuning.margin_table(margins, 7, [0.005, 0.01]).set_index("answer_margin")
+    assert table["est_hits"].to_dict() == {0.005: 3, 0.01: 2}
+    assert table["wrong"].to_dict() == {0.005: 2, 0.01: 1}
+    assert queries.multi_margin_histogram(client, filters, ()).empty
