@@ -22,7 +22,7 @@ from cache_core.events import now_ms
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
 from cache_core.settings import Settings, get_settings
 from dashboard import attribution as attribution_mod
-from dashboard import autotune, charts, control, data, processing, tuning
+from dashboard import autotune, charts, control, data, processing, queries, tuning
 from dashboard.queries import Filters
 from dashboard.stats import ProportionStat
 
@@ -298,12 +298,13 @@ def change_section(view: View, config) -> None:
 
 
 def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) -> None:
-    hist = data.run(view.settings, "similarity_histogram", view.filters)
+    rules = queries.multi_rules(view.config)
+    hist = data.run(view.settings, "similarity_histogram", view.filters, rules)
     if hist.empty:
         st.info("No logged decisions in this range for a what-if estimate.")
         return
     scoped = hist if cluster is None else hist[hist["intent_cluster"] == cluster]
-    labelled = optional(view, "labelled_similarity", view.filters)
+    labelled = optional(view, "labelled_similarity", view.filters, rules)
     estimate = control.whatif_hit_rate(scoped, threshold)
     row = estimate[estimate["arm"] == arm]
     cols = st.columns(2)
@@ -320,8 +321,45 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
                             + ("" if fh["supported"] else " — below the lowest labelled similarity: extrapolated"))
         else:
             cols[1].caption("No feedback-labelled hits at or above this threshold.")
-    st.altair_chart(charts.whatif_curve(control.whatif_curve(scoped), threshold), use_container_width=True)
+    curve = tuning.drop_unreplayable(control.whatif_curve(scoped), scoped)
+    st.altair_chart(charts.whatif_curve(curve, threshold), use_container_width=True)
     st.caption("First-order estimate from logged top-1 similarities: it holds the cache contents fixed.")
+    rule = next((r for r in rules if r.arm == arm), None)
+    if rule is not None:
+        multi_whatif_notes(view, rule, scoped[scoped["arm"] == arm], threshold)
+        margin_whatif(view, rule, hist[hist["arm"] == arm], rules)
+
+
+def multi_whatif_notes(view: View, rule: queries.MultiRule, arm_hist, threshold: float) -> None:
+    """What the threshold what-if of a multi arm can and cannot replay."""
+    floor = tuning.replay_floor(arm_hist)
+    st.caption(f"{rule.arm} is a multi-similarity arm: a decision counts as a hit only if its logged mixed score "
+               f"also reaches the floor {rule.score_floor:.3f} and leads the best other answer by "
+               f"{rule.answer_margin:.3f} (the arm's current settings, same weights, guards aside). Scores were "
+               "logged for candidates past the cosine threshold in force at the time, so raising the threshold is "
+               "approximate and lowering it below the lowest logged one cannot be replayed: the curve stops there.")
+    if floor is not None and threshold < floor - 1e-9:
+        st.warning(f"{threshold:.3f} is below the lowest logged cosine threshold {floor:.3f} of {rule.arm}: "
+                   "candidates between the two were never ranked, so the estimate above is that of "
+                   f"{floor:.3f}, not of {threshold:.3f}. Try it on a canary to find out.")
+
+
+def margin_whatif(view: View, rule: queries.MultiRule, arm_hist, rules) -> None:
+    """Hits and labelled false hits of a multi arm at a few answer margins (whole arm)."""
+    margins = optional(view, "multi_margin_histogram", view.filters, rules)
+    if margins is None:
+        return
+    with st.expander(f"Answer-margin what-if for {rule.arm} (whole arm, cosine thresholds as logged)"):
+        table = tuning.margin_table(margins[margins["arm"] == rule.arm], int(arm_hist["decisions"].sum()),
+                                    tuning.margin_grid(rule.answer_margin))
+        pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+        st.dataframe(table, hide_index=True, column_config={
+            "est_hit_rate": pct("est. hit rate"), "false_hit_rate": pct("false-hit rate"),
+            "false_hit_upper": pct("false-hit 95% upper")})
+        st.caption(f"Current margin {rule.answer_margin:.3f}, score floor {rule.score_floor:.3f}. Exact replay of "
+                   "the logged scores at the logged cosine gates, guards aside; the false-hit rate counts the "
+                   "labelled hits each margin would still serve. supported=false: that margin would serve "
+                   "decisions no label covers.")
 
 
 def canary_section(view: View, config) -> None:
@@ -364,8 +402,9 @@ def autotune_section(view: View, config) -> None:
     st.subheader("Auto-tune")
     guardrails = guardrails_from_page(view)
     per_cluster = st.checkbox("Also per intent cluster", key="tune_clusters")
-    hist = data.run(view.settings, "similarity_histogram", view.filters)
-    labelled = optional(view, "labelled_similarity", view.filters)
+    rules = queries.multi_rules(config)
+    hist = data.run(view.settings, "similarity_histogram", view.filters, rules)
+    labelled = optional(view, "labelled_similarity", view.filters, rules)
     if hist.empty or labelled is None:
         st.info("Auto-tune needs logged decisions and feedback-labelled hits in this range.")
         return
@@ -385,10 +424,16 @@ def autotune_section(view: View, config) -> None:
     if arm_recs:
         shown = st.selectbox("Curve of arm", [r.arm for r in arm_recs], key="tune_curve_arm")
         rec = next(r for r in arm_recs if r.arm == shown)
-        st.altair_chart(charts.tuning_curve(rec.candidates, guardrails.target_false_hit_rate, rec.current,
+        candidates = rec.candidates[rec.candidates["replayable"]]
+        st.altair_chart(charts.tuning_curve(candidates, guardrails.target_false_hit_rate, rec.current,
                                             rec.recommended), use_container_width=True)
         st.caption("Recommended: the highest estimated hit rate whose one-sided 95% Clopper-Pearson upper bound "
                    "of the false-hit rate (labelled hits at or above the threshold) stays under the target.")
+    if rules:
+        st.caption(f"Multi-similarity arms ({', '.join(r.arm for r in rules)}): estimates re-apply each arm's "
+                   "current score floor and answer margin to the logged mixed scores. Those exist only for "
+                   "candidates past the cosine threshold logged at the time, so thresholds below the lowest "
+                   "logged one cannot be replayed: they are left out of the curve and never recommended.")
     changes = [r for r in recs if r.action == "change"]
     as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary")
     if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):

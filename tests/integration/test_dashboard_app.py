@@ -4,6 +4,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+import yaml
 import streamlit as st
 from kafka import KafkaConsumer, TopicPartition
 from streamlit.testing.v1 import AppTest
@@ -229,3 +230,36 @@ def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, mon
     at.button(key="tune_apply").click().run()
     assert not at.error, [e.value for e in at.error]
     assert _control_messages(kafka_settings)[-1].experiment.arm("control").canary.threshold == pytest.approx(0.87)
+
+
+def test_control_panel_whatif_of_a_multi_arm(app_env, ch_settings, tmp_path):
+    """A multi arm's what-if re-applies its floor / margin (not the cosine reading) and says
+    what it cannot replay; its answer-margin what-if is shown."""
+    experiment_id, start = app_env
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"experiments": [{
+        "experiment_id": experiment_id, "salt": f"{experiment_id}-salt", "arms": [
+            {"name": "control", "threshold": 0.90, "similarity": "multi",
+             "multi": {"threshold": 0.5, "answer_margin": 0.01}},
+            {"name": "treatment", "threshold": 0.80}]}]}))
+    # control, logged at 0.90: 20 clear hits, 10 hits with a 0.005 lead (served under an older
+    # margin, refused by 0.01 now), 10 misses with nothing past the cosine gate.
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "decision", "hit",
+             "threshold", "similarity", "similarity_mode", "score", "score_margin"]
+    ts_ms = int(datetime.now(timezone.utc).timestamp() * 1000) - 60_000
+    rows = [(0.95, True, 0.7, 0.05)] * 20 + [(0.95, True, 0.7, 0.005)] * 10 + [(0.85, False, None, None)] * 10
+    client = connect(ch_settings)
+    client.insert("events_raw", [
+        ["decision", f"{experiment_id}-m{i}", ts_ms + i, "default", experiment_id, "control",
+         "hit" if hit else "miss", hit, 0.90, sim, "multi", score, margin]
+        for i, (sim, hit, score, margin) in enumerate(rows)], column_names=names)
+    client.close()
+    at = start()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Estimated hit rate of control at 0.900"] == "50.0%"  # cosine reading: 75.0%
+    assert "control is a multi-similarity arm" in _texts(at)
+    assert "Multi-similarity arms (control)" in _texts(at)
+    margins = next(d.value for d in at.dataframe if "answer_margin" in d.value.columns).set_index("answer_margin")
+    assert margins.at[0.005, "est_hits"] == 30 and margins.at[0.01, "est_hits"] == 20
+    at.number_input(key="ctl_threshold").set_value(0.85).run()
+    assert any("below the lowest logged cosine threshold 0.900" in w.value for w in at.warning)
