@@ -263,6 +263,22 @@ def control_panel(view: View) -> None:
     history_section(view, config)
 
 
+def threshold_input(config, arm: str, cluster: int | None, current: float) -> float:
+    """The "New threshold" input. A keyed widget keeps its value across reruns, even
+    when another experiment, arm or cluster is picked; then it starts again from that
+    one's current threshold, unless the value was edited in the same run."""
+    anchor = (config.experiment_id, config.version, arm, cluster)
+    state = st.session_state
+    edited = "ctl_threshold" in state and state["ctl_threshold"] != state.get("ctl_threshold_shown")
+    if state.get("ctl_threshold_anchor") != anchor and not edited:
+        state["ctl_threshold"] = float(current)
+    state["ctl_threshold_anchor"] = anchor
+    value = st.number_input("New threshold", min_value=0.0, max_value=1.0,
+                            step=0.01, format="%.3f", key="ctl_threshold")
+    state["ctl_threshold_shown"] = value
+    return value
+
+
 def change_section(view: View, config) -> None:
     st.subheader("Change a threshold")
     cols = st.columns(3)
@@ -272,8 +288,7 @@ def change_section(view: View, config) -> None:
     if scope == "one intent cluster":
         cluster = int(cols[2].number_input("Intent cluster", min_value=0, value=0, step=1, key="ctl_cluster"))
     current = config.arm(arm).threshold_for(cluster)
-    threshold = st.number_input("New threshold", min_value=0.0, max_value=1.0, value=float(current),
-                                step=0.01, format="%.3f", key="ctl_threshold")
+    threshold = threshold_input(config, arm, cluster, current)
     whatif_preview(view, arm, threshold, cluster)
     mode = st.radio("Push as", ["direct", "canary"], key="ctl_mode", horizontal=True,
                     disabled=cluster is not None, help="A canary applies to the whole arm.")

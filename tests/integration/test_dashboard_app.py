@@ -263,3 +263,15 @@ def test_control_panel_whatif_of_a_multi_arm(app_env, ch_settings, tmp_path):
     assert margins.at[0.005, "est_hits"] == 30 and margins.at[0.01, "est_hits"] == 20
     at.number_input(key="ctl_threshold").set_value(0.85).run()
     assert any("below the lowest logged cosine threshold 0.900" in w.value for w in at.warning)
+
+
+def test_threshold_input_follows_the_picked_arm_unless_edited(app_env):
+    _, start = app_env
+    at = start()
+    assert at.number_input(key="ctl_threshold").value == pytest.approx(0.90)  # control
+    at.selectbox(key="ctl_arm").set_value("treatment").run()
+    assert at.number_input(key="ctl_threshold").value == pytest.approx(0.80)
+    at.number_input(key="ctl_threshold").set_value(0.70).run()
+    assert at.number_input(key="ctl_threshold").value == pytest.approx(0.70)  # an edit stays
+    at.selectbox(key="ctl_arm").set_value("control").run()
+    assert at.number_input(key="ctl_threshold").value == pytest.approx(0.90)
