@@ -12,18 +12,24 @@ with the same MiniLM weights. Both replay identical query lists:
 * ``banking77``: train warms the cache (answer = intent), a test sample is traffic;
   a hit whose cached query has another intent is a false hit.
 
+``scache-<backend>-multi-strict`` rows: the same with a strict answer margin (word
+overlap, margin 0.04: the earlier defaults), to show what that knob trades.
 ``scache-<backend>-multi`` rows: an arm with ``similarity="multi"`` (top-k re-ranked
 by the mixed token / phrase / intent score with the answer margin, defaults of
 ``MultiSimilarityConfig``, tuned on the GPTCache mock pairs with even index and on
 a banking77 *train* split, never on banking77 test) at each cosine threshold; one
 real decision per threshold (one shared store, one arm per threshold).
 ``mock-odd`` counts the mock rows whose pair index is odd (not used for tuning).
+``mock-unique`` (and ``mock-odd-unique``) leave out the pairs whose origin text is
+stored more than once under different indices (35 of 999 rows): identical cached
+questions with different answers, where any cache's answer is a coin toss.
 
 Thresholds are compared on the cosine scale. GPTCache's threshold t (distance
 evaluation over squared L2 of unit vectors) means cosine 2t - 1: its 0.95, 0.9,
 0.8 are cosine 0.90, 0.80, 0.60. The threshold curve (banking77 hits and STS-B /
 MRPC pairs) goes to bench/results/threshold_curves.png, figures to
-bench/results/compare_gptcache.{json,md}.
+bench/results/compare_gptcache.{json,md}, correct vs false hits to
+bench/results/correct_vs_false.png.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ import pandas as pd
 
 from cache_core.cache import SemanticCache
 from cache_core.embedder import load_embedder, normalise, resolve_model_path
-from cache_core.experiments import ArmConfig, ExperimentConfig, assign
+from cache_core.experiments import ArmConfig, ExperimentConfig, MultiSimilarityConfig, assign
 from cache_core.index import set_search_threads
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import CacheSettings
@@ -51,6 +57,11 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 COSINES = [0.6, 0.7, 0.8, 0.82, 0.9]
 SCACHE_DEFAULT = ArmConfig(name="x").threshold
+MULTI_VARIANTS = {
+    "multi": MultiSimilarityConfig(),
+    "multi-strict": MultiSimilarityConfig(lexical="word", token=0.3, phrase=0.6, intent=0.1,
+                                          threshold=0.6, answer_margin=0.04),
+}
 GPTCACHE_DEFAULT_COSINE = 2 * 0.8 - 1
 
 
@@ -119,10 +130,11 @@ def run_scache(backend: str, scenario: dict) -> dict:
     return {"similarity": sims, "answer": answers, "latency_ms": latencies}
 
 
-def multi_cache(embedder, scenario: dict) -> tuple[SemanticCache, dict[float, str]]:
+def multi_cache(embedder, scenario: dict,
+                multi: MultiSimilarityConfig) -> tuple[SemanticCache, dict[float, str]]:
     """One shared store; one multi-similarity arm per cosine threshold, and a unit per arm."""
     arms = [ArmConfig(name=f"multi-{t}", threshold=t, ann_check_rate=0.0, index_kind="flat",
-                      similarity="multi") for t in COSINES]
+                      similarity="multi", multi=multi) for t in COSINES]
     exp = ExperimentConfig(experiment_id="bench", salt="bench", partition_mode="shared", arms=arms)
     cache = SemanticCache(WarmTable(embedder, [q for q, _ in scenario["store"]]),
                           ExperimentRegistry({"bench": exp}))
@@ -137,10 +149,11 @@ def multi_cache(embedder, scenario: dict) -> tuple[SemanticCache, dict[float, st
     return cache, units
 
 
-def run_scache_multi(backend: str, scenario: dict) -> dict[float, dict]:
+def run_scache_multi(backend: str, scenario: dict,
+                     multi: MultiSimilarityConfig) -> dict[float, dict]:
     """Per cosine threshold: the multi arm's real decisions (answer None on a miss)."""
     embedder = load_embedder(CacheSettings(encoder_backend=backend, encoder_threads=1))
-    cache, units = multi_cache(embedder, scenario)
+    cache, units = multi_cache(embedder, scenario, multi)
     runs = {}
     for t, unit in units.items():
         sims, answers, latencies = [], [], []
@@ -253,6 +266,14 @@ def odd_pairs(mock: dict) -> list[int]:
     return [i for i in range(len(mock["queries"])) if i % 2 == 1]
 
 
+def unique_origin_rows(mock: dict) -> list[int]:
+    """Mock rows whose origin text is stored once, plus every unrelated row."""
+    texts = [q for q, _ in mock["store"]]
+    seen = {t: texts.count(t) for t in set(texts)}
+    return [i for i, want in enumerate(mock["expected"])
+            if want is None or seen[texts[int(want)]] == 1]
+
+
 def subset(run: dict, rows: list[int]) -> dict:
     return {k: [v[i] for i in rows] for k, v in run.items() if isinstance(v, list)}
 
@@ -264,7 +285,7 @@ def goal_line(results: dict) -> str:
     for name, systems in results["scenarios"].items():
         g = score_at(systems["gptcache"], GPTCACHE_DEFAULT_COSINE)
         for system, data in systems.items():
-            if not system.endswith("-multi"):
+            if "-multi" not in system:
                 continue
             m = score_at(data, GPTCACHE_DEFAULT_COSINE)
             met = m["correct"] >= g["correct"] and m["false"] <= g["false"] / 2
@@ -338,6 +359,42 @@ def plot(grid: np.ndarray, curves: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_frontier(results: dict, cosine_runs: dict, grid: np.ndarray, path: Path) -> None:
+    """Correct vs false hits: GPTCache's cosine sweep as a line, each multi arm as points
+    (one per cosine threshold); the goal region is shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cosine_runs), figsize=(6 * len(cosine_runs), 4.5))
+    for ax, (name, (run, expected)) in zip(np.atleast_1d(axes), cosine_runs.items()):
+        sweep = [score(run, expected, float(t)) for t in grid]
+        ax.plot([c["false"] for c in sweep], [c["correct"] for c in sweep], "--", color="C0",
+                label="GPTCache / cosine, threshold swept")
+        g = score_at(results["scenarios"][name]["gptcache"], GPTCACHE_DEFAULT_COSINE)
+        ax.fill_between([0, g["false"] / 2], g["correct"], g["correct"] * 1.05, color="C2", alpha=0.15,
+                        label="goal: >= correct, <= half the false hits")
+        ax.plot([g["false"]], [g["correct"]], "o", color="C0", label="GPTCache default 0.8 (cos 0.60)")
+        shown = set()  # one backend per variant: the backends' decisions coincide (see the table)
+        for i, (system, data) in enumerate(results["scenarios"][name].items()):
+            variant = system.split("-", 2)[-1]
+            if "-multi" not in system or variant in shown:
+                continue
+            shown.add(variant)
+            pts = [(r["counts"]["false"], r["counts"]["correct"], r["cosine"]) for r in data["thresholds"]]
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], "s-", color=f"C{i + 1}", label=system)
+            for x, y, t in pts:
+                ax.annotate(f"{t:.2f}", (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
+        ax.set_title(f"{name}: correct vs false hits")
+        ax.set_xlabel("false hits")
+        ax.set_ylabel("correct hits")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # -- main -----------------------------------------------------------------------------
 
 def main() -> None:
@@ -358,18 +415,21 @@ def main() -> None:
             print(f"scache ({backend}) on {s['name']} ...", flush=True)
             runs[s["name"]][f"scache-{backend}"] = run_scache(backend, s)
         for s in items:
-            print(f"scache ({backend}, multi similarity) on {s['name']} ...", flush=True)
-            multi_runs[s["name"]][f"scache-{backend}-multi"] = run_scache_multi(backend, s)
+            for variant, multi in MULTI_VARIANTS.items():
+                print(f"scache ({backend}, {variant} similarity) on {s['name']} ...", flush=True)
+                multi_runs[s["name"]][f"scache-{backend}-{variant}"] = run_scache_multi(backend, s, multi)
     results = {"gptcache_version": gpt["gptcache_version"], "scenarios": {}}
     for s in items:
         results["scenarios"][s["name"]] = scenario_results(runs[s["name"]], multi_runs[s["name"]],
                                                            s["expected"])
     mock = next(s for s in items if s["name"] == "mock")
-    odd = odd_pairs(mock)
-    results["scenarios"]["mock-odd"] = scenario_results(
-        {k: subset(r, odd) for k, r in runs["mock"].items()},
-        {k: {t: subset(r, odd) for t, r in by_t.items()} for k, by_t in multi_runs["mock"].items()},
-        [mock["expected"][i] for i in odd])
+    odd, unique = odd_pairs(mock), unique_origin_rows(mock)
+    for name, rows in [("mock-odd", odd), ("mock-unique", unique),
+                       ("mock-odd-unique", sorted(set(odd) & set(unique)))]:
+        results["scenarios"][name] = scenario_results(
+            {k: subset(r, rows) for k, r in runs["mock"].items()},
+            {k: {t: subset(r, rows) for t, r in by_t.items()} for k, by_t in multi_runs["mock"].items()},
+            [mock["expected"][i] for i in rows])
     grid = np.round(np.arange(0.3, 0.991, 0.01), 2)
     banking = next(s for s in items if s["name"] == "banking77")
     curves = {"banking77 test vs train cache (correct-hit precision / recall)":
@@ -379,6 +439,10 @@ def main() -> None:
               pair_curves(load_embedder(CacheSettings(encoder_threads=1)), grid)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(grid, curves, RESULTS / "threshold_curves.png")
+    plot_frontier(results, {"banking77": (runs["banking77"]["gptcache"], banking["expected"]),
+                            "mock-unique": (subset(runs["mock"]["gptcache"], unique),
+                                            [mock["expected"][i] for i in unique])},
+                  grid, RESULTS / "correct_vs_false.png")
     table = markdown(results)
     summary = defaults_line(results) + "\n\n" + goal_line(results)
     (RESULTS / "compare_gptcache.json").write_text(json.dumps(results, indent=1, default=float))
