@@ -263,20 +263,25 @@ def control_panel(view: View) -> None:
     history_section(view, config)
 
 
-def threshold_input(config, arm: str, cluster: int | None, current: float) -> float:
-    """The "New threshold" input. A keyed widget keeps its value across reruns, even
-    when another experiment, arm or cluster is picked; then it starts again from that
-    one's current threshold, unless the value was edited in the same run."""
-    anchor = (config.experiment_id, config.version, arm, cluster)
+def anchored_input(label: str, key: str, anchor: tuple, current: float, container=st, **kwargs) -> float:
+    """A number input that starts from ``current``. A keyed widget keeps its value across
+    reruns, even when another experiment, arm or cluster is picked (another ``anchor``);
+    then it starts again from that one's current value, unless the value was edited in
+    the same run."""
     state = st.session_state
-    edited = "ctl_threshold" in state and state["ctl_threshold"] != state.get("ctl_threshold_shown")
-    if state.get("ctl_threshold_anchor") != anchor and not edited:
-        state["ctl_threshold"] = float(current)
-    state["ctl_threshold_anchor"] = anchor
-    value = st.number_input("New threshold", min_value=0.0, max_value=1.0,
-                            step=0.01, format="%.3f", key="ctl_threshold")
-    state["ctl_threshold_shown"] = value
+    edited = key in state and state[key] != state.get(f"{key}_shown")
+    if state.get(f"{key}_anchor") != anchor and not edited:
+        state[key] = float(current)
+    state[f"{key}_anchor"] = anchor
+    value = container.number_input(label, key=key, **kwargs)
+    state[f"{key}_shown"] = value
     return value
+
+
+def threshold_input(config, arm: str, cluster: int | None, current: float) -> float:
+    """The "New threshold" input, following the picked experiment / arm / cluster."""
+    return anchored_input("New threshold", "ctl_threshold", (config.experiment_id, config.version, arm, cluster),
+                          current, min_value=0.0, max_value=1.0, step=0.01, format="%.3f")
 
 
 def change_section(view: View, config) -> None:
@@ -310,6 +315,30 @@ def change_section(view: View, config) -> None:
             change = lambda: control.set_threshold(arm, threshold)
             what = f"{arm} threshold {threshold:.3f}"
         act_and_reload(view, change, reason, what)
+    if config.arm(arm).similarity == "multi":
+        multi_push_section(view, config, arm)
+
+
+def multi_push_section(view: View, config, arm: str) -> None:
+    """Push a multi arm's score floor / answer margin (the answer-margin what-if above
+    estimates their effect); same gate, version check and audit as a threshold push."""
+    multi = config.arm(arm).multi
+    st.markdown(f"**Score floor and answer margin of {arm}** (multi similarity; currently floor "
+                f"{multi.threshold:.3f}, margin {multi.answer_margin:.3f})")
+    anchor = (config.experiment_id, config.version, arm)
+    cols = st.columns(2)
+    floor = anchored_input("New score floor", "ctl_multi_floor", anchor, multi.threshold, cols[0],
+                           min_value=-1.0, max_value=1.0, step=0.01, format="%.3f")
+    margin = anchored_input("New answer margin", "ctl_multi_margin", anchor, multi.answer_margin, cols[1],
+                            min_value=0.0, max_value=1.0, step=0.001, format="%.3f")
+    reason = st.text_input("Reason", key="ctl_multi_reason")
+    if st.button(f"Push floor / margin of {arm}", key="ctl_multi_push"):
+        # The audit row's threshold columns do not move for this change: the reason says what did.
+        moved = [f"{name} {old:.3f} → {new:.3f}" for name, old, new in (
+            ("score floor", multi.threshold, floor), ("answer margin", multi.answer_margin, margin)) if old != new]
+        act_and_reload(view, lambda: control.set_multi(arm, score_floor=floor, answer_margin=margin),
+                       "; ".join(moved + [reason.strip()] if reason.strip() else moved),
+                       f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}")
 
 
 def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) -> None:
@@ -510,10 +539,12 @@ def history_section(view: View, config) -> None:
     previous = control.previous_config(history, config, fallback=file_config)
     if previous is None:
         return
-    thresholds = ", ".join(f"{a.name} {a.threshold:.3f}" for a in previous.arms)
+    thresholds = ", ".join(f"{a.name} {a.threshold:.3f}" + (
+        f" floor {a.multi.threshold:.3f} margin {a.multi.answer_margin:.3f}" if a.similarity == "multi" else "")
+        for a in previous.arms)
     if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
         act_and_reload(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
-            f"thresholds of version {previous.version}")
+            f"thresholds (and multi settings) of version {previous.version}")
 
 
 def authorized(view: View, quiet: bool = False) -> bool:

@@ -3,8 +3,8 @@
 A push re-reads the experiment's current config right before publishing (the latest
 version on the compacted control topic, else the experiments file), refuses if it
 moved past the version the caller loaded (optimistic concurrency), applies one
-change (arm threshold, cluster threshold, canary start / promote / rollback, or a
-restore of an earlier config's thresholds), publishes the full new config with
+change (arm threshold, cluster threshold, canary start / promote / rollback, a multi
+arm's score floor / answer margin, or a restore of an earlier config's thresholds), publishes the full new config with
 ``version + 1`` on the control topic (the cache applies it), and records it in
 ClickHouse: one audit row per changed arm in ``threshold_changes`` and the new
 definition in ``experiments``.
@@ -22,7 +22,10 @@ import numpy as np
 import pandas as pd
 
 from cache_core.events import ControlMessage, now_ms
-from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig, load_experiments
+from pydantic import ValidationError
+
+from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, MultiSimilarityConfig,
+                                    load_experiments)
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -162,15 +165,53 @@ def rollback_canary(arm: str) -> Change:
 
 
 def restore_thresholds(previous: ExperimentConfig) -> Change:
-    """Thresholds and cluster thresholds of ``previous`` for every arm both configs have;
-    running canaries end (a rollback returns to a known state, not to an experiment)."""
+    """Thresholds, cluster thresholds and multi settings (score floor, answer margin...) of
+    ``previous`` for every arm both configs have; running canaries end (a rollback returns
+    to a known state, not to an experiment)."""
     def change(config: ExperimentConfig) -> ExperimentConfig:
         for arm in config.arms:
             if arm.name in _names(previous):
                 old = previous.arm(arm.name)
                 config = _replace_arm(config, arm.name, threshold=old.threshold,
-                                      cluster_thresholds=dict(old.cluster_thresholds), canary=None)
+                                      cluster_thresholds=dict(old.cluster_thresholds), canary=None,
+                                      multi=old.multi.model_dump())
         return config
+    return change
+
+
+_MULTI_LABELS = {"threshold": "score floor", "answer_margin": "answer margin"}
+
+
+def set_multi(arm: str, *, score_floor: float | None = None, answer_margin: float | None = None) -> Change:
+    """Change a multi arm's mixed-score floor and/or answer margin (weights, lexical level,
+    thresholds and canary stay). Refuses a cosine arm, values outside the
+    MultiSimilarityConfig bounds, and a change that leaves both as they are."""
+    updates: dict[str, float] = {}
+    for field, value in (("threshold", score_floor), ("answer_margin", answer_margin)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{_MULTI_LABELS[field]} must be a finite number, got {value!r}")
+        updates[field] = float(value)
+    if not updates:
+        raise ValueError("give a new score floor and/or answer margin")
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        if arm not in _names(config):
+            raise ValueError(f"experiment {config.experiment_id!r} has no arm {arm!r}; arms: {_names(config)}")
+        current = config.arm(arm)
+        if current.similarity != "multi":
+            raise ValueError(f"arm {arm!r} uses {current.similarity} similarity: only a multi arm has a "
+                             "score floor and answer margin to change")
+        try:  # the model's own bounds, so the panel and the cache agree on what is valid
+            multi = MultiSimilarityConfig.model_validate({**current.multi.model_dump(), **updates})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{_MULTI_LABELS.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
+                                       for e in exc.errors())) from None
+        if multi == current.multi:
+            raise ValueError(f"arm {arm!r} already has score floor {multi.threshold:.3f} and answer margin "
+                             f"{multi.answer_margin:.3f}; nothing to push")
+        return _replace_arm(config, arm, multi=multi.model_dump())
     return change
 
 
@@ -205,10 +246,17 @@ def with_threshold(config: ExperimentConfig, arm: str, new_threshold: float,
     return _bumped(set_threshold(arm, new_threshold)(config), config.version + 1, actor, at_ms)
 
 
+def with_multi(config: ExperimentConfig, arm: str, actor: str, at_ms: int, *,
+               score_floor: float | None = None, answer_margin: float | None = None) -> ExperimentConfig:
+    """A copy of ``config`` with a multi arm's score floor / answer margin changed and the version bumped."""
+    change = set_multi(arm, score_floor=score_floor, answer_margin=answer_margin)
+    return _bumped(change(config), config.version + 1, actor, at_ms)
+
+
 def changed_arms(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
-    """Arms whose threshold, cluster thresholds or canary differ between two configs."""
+    """Arms whose threshold, cluster thresholds, canary or multi settings differ between two configs."""
     def key(arm: ArmConfig):
-        return arm.threshold, arm.cluster_thresholds, arm.canary
+        return arm.threshold, arm.cluster_thresholds, arm.canary, arm.multi
     before = {a.name: key(a) for a in old.arms}
     return [a.name for a in new.arms if before.get(a.name) != key(a)]
 
@@ -305,6 +353,16 @@ def push_threshold(settings: Settings, experiment_id: str, arm: str, new_thresho
     """Publish ``arm``'s new threshold as the next config version and audit it (see publish_change)."""
     return publish_change(settings, experiment_id, set_threshold(arm, new_threshold), actor, reason,
                           expected_version=expected_version, client=client, clock=clock)
+
+
+def push_multi(settings: Settings, experiment_id: str, arm: str, actor: str, reason: str, *,
+               score_floor: float | None = None, answer_margin: float | None = None, client=None,
+               expected_version: int | None = None, clock: Callable[[], int] = now_ms) -> ControlMessage:
+    """Publish a multi arm's new score floor / answer margin as the next config version and audit it
+    (see publish_change; the audit row's thresholds are the arm's unchanged cosine threshold,
+    its config_json carries the new multi settings)."""
+    return publish_change(settings, experiment_id, set_multi(arm, score_floor=score_floor, answer_margin=answer_margin),
+                          actor, reason, expected_version=expected_version, client=client, clock=clock)
 
 
 # -- what-if ---------------------------------------------------------------------------

@@ -275,3 +275,73 @@ def test_threshold_input_follows_the_picked_arm_unless_edited(app_env):
     assert at.number_input(key="ctl_threshold").value == pytest.approx(0.70)  # an edit stays
     at.selectbox(key="ctl_arm").set_value("control").run()
     assert at.number_input(key="ctl_threshold").value == pytest.approx(0.90)
+
+
+def _multi_experiments_file(tmp_path, experiment_id: str) -> None:
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"experiments": [{
+        "experiment_id": experiment_id, "salt": f"{experiment_id}-salt", "arms": [
+            {"name": "control", "threshold": 0.90, "similarity": "multi",
+             "multi": {"threshold": 0.5, "answer_margin": 0.01}},
+            {"name": "treatment", "threshold": 0.80}]}]}))
+
+
+def test_push_multi_margin_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch, tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    _multi_experiments_file(tmp_path, experiment_id)
+    at = start()
+    assert at.number_input(key="ctl_multi_floor").value == pytest.approx(0.5)  # the arm's current values
+    assert at.number_input(key="ctl_multi_margin").value == pytest.approx(0.01)
+    at.number_input(key="ctl_multi_margin").set_value(0.02)
+    at.text_input(key="ctl_actor").input("tester")
+    at.text_input(key="ctl_multi_reason").input("fewer near-ties")
+    at.button(key="ctl_multi_push").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "control score floor 0.500, answer margin 0.020 as config version 2" in at.success[0].value
+    assert at.number_input(key="ctl_multi_margin").value == pytest.approx(0.02)  # reloaded at version 2
+
+    messages = _control_messages(kafka_settings)
+    assert len(messages) == 1
+    pushed = messages[0]
+    assert (pushed.experiment.experiment_id, pushed.experiment.version) == (experiment_id, 2)
+    multi = pushed.experiment.arm("control").multi
+    assert (multi.answer_margin, multi.threshold) == (0.02, 0.5)
+    assert pushed.experiment.arm("control").threshold == 0.90
+    assert pushed.experiment.arm("treatment").threshold == 0.80
+    assert (pushed.actor, pushed.reason) == ("tester", "answer margin 0.010 → 0.020; fewer near-ties")
+
+    client = connect(ch_settings)
+    rows = client.query("SELECT arm, old_threshold, new_threshold, new_version, config_json FROM threshold_changes "
+                        "WHERE experiment_id = {e:String}", parameters={"e": experiment_id}).result_rows
+    client.close()
+    assert [tuple(r[:4]) for r in rows] == [("control", 0.90, 0.90, 2)]
+    assert json.loads(rows[0][4])["arms"][0]["multi"]["answer_margin"] == 0.02
+
+    # an unchanged push is refused with the reason, and nothing more is published
+    at.button(key="ctl_multi_push").click().run()
+    assert any("nothing to push" in e.value for e in at.error), [e.value for e in at.error]
+    assert len(_control_messages(kafka_settings)) == 1
+    # a cosine arm has no floor / margin to push
+    at.selectbox(key="ctl_arm").set_value("treatment").run()
+    assert "ctl_multi_push" not in [b.key for b in at.button]
+    # rolling back brings the old margin back
+    rollback = at.button(key="ctl_rollback")
+    assert "control 0.900 floor 0.500 margin 0.010" in rollback.label
+    rollback.click().run()
+    assert not at.error, [e.value for e in at.error]
+    latest = _control_messages(kafka_settings)[-1].experiment
+    assert latest.version == 3 and latest.arm("control").multi.answer_margin == 0.01
+
+
+def test_push_multi_needs_the_admin_token(app_env, kafka_settings, monkeypatch, tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    monkeypatch.setenv("SCACHE_DASHBOARD__ADMIN_TOKEN", "s3cret")
+    _multi_experiments_file(tmp_path, experiment_id)
+    at = start()
+    at.number_input(key="ctl_multi_margin").set_value(0.02)
+    at.text_input(key="ctl_actor").input("mallory")
+    at.text_input(key="ctl_token").input("guess")
+    at.button(key="ctl_multi_push").click().run()
+    assert any("admin token" in e.value for e in at.error)
+    assert _control_messages(kafka_settings) == []

@@ -152,3 +152,79 @@ def test_canary_audit_row_records_share_and_tried_threshold():
     msg = ControlMessage(experiment=started, actor="bob", reason="canary", ts_ms=1_700_000_000_000)
     row = dict(zip(control.THRESHOLD_CHANGE_COLUMNS, control.audit_rows(msg, "treatment", 0.8, 4)[0]))
     assert (row["new_threshold"], row["canary_share"]) == (0.76, 0.1)
+
+
+# -- multi arms: score floor / answer margin -------------------------------------------
+
+MULTI = ExperimentConfig(
+    experiment_id="multi-ab", salt="s", version=7,
+    arms=[ArmConfig(name="control", threshold=0.9),
+          ArmConfig(name="mixed", threshold=0.8, similarity="multi", cluster_thresholds={2: 0.85},
+                    multi={"threshold": 0.5, "answer_margin": 0.01, "lexical": "word", "token": 0.3})],
+)
+
+
+def test_with_multi_changes_only_that_arms_margin_and_bumps_version():
+    new = control.with_multi(MULTI, "mixed", "alice", 123, answer_margin=0.02)
+    assert (new.version, new.updated_by, new.updated_at_ms) == (8, "alice", 123)
+    mixed = new.arm("mixed")
+    assert mixed.multi.answer_margin == 0.02
+    # everything else of the arm stays: floor, weights, lexical level, thresholds
+    assert (mixed.multi.threshold, mixed.multi.lexical, mixed.multi.token) == (0.5, "word", 0.3)
+    assert (mixed.threshold, mixed.cluster_thresholds, mixed.similarity) == (0.8, {2: 0.85}, "multi")
+    assert new.arm("control") == MULTI.arm("control")
+    assert MULTI.arm("mixed").multi.answer_margin == 0.01  # input untouched
+    assert control.changed_arms(MULTI, new) == ["mixed"]
+
+
+def test_with_multi_floor_alone_and_both():
+    floor = control.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6).arm("mixed").multi
+    assert (floor.threshold, floor.answer_margin) == (0.6, 0.01)
+    both = control.with_multi(MULTI, "mixed", "a", 1, score_floor=-0.2, answer_margin=0.0).arm("mixed").multi
+    assert (both.threshold, both.answer_margin) == (-0.2, 0.0)
+
+
+def test_set_multi_refuses_a_no_op():
+    with pytest.raises(ValueError, match="already has score floor 0.500 and answer margin 0.010; nothing to push"):
+        control.set_multi("mixed", score_floor=0.5, answer_margin=0.01)(MULTI)
+    with pytest.raises(ValueError, match="give a new score floor and/or answer margin"):
+        control.set_multi("mixed")
+
+
+def test_set_multi_refuses_a_cosine_arm_and_an_unknown_one():
+    with pytest.raises(ValueError, match="arm 'control' uses cosine similarity: only a multi arm"):
+        control.set_multi("control", answer_margin=0.02)(MULTI)
+    with pytest.raises(ValueError, match=r"no arm 'nope'"):
+        control.set_multi("nope", answer_margin=0.02)(MULTI)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"answer_margin": -0.001}, "answer margin: Input should be greater than or equal to 0"),
+    ({"answer_margin": 1.5}, "answer margin: Input should be less than or equal to 1"),
+    ({"score_floor": 1.01}, "score floor: Input should be less than or equal to 1"),
+    ({"score_floor": -1.5}, "score floor: Input should be greater than or equal to -1"),
+])
+def test_set_multi_refuses_out_of_range(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        control.set_multi("mixed", **kwargs)(MULTI)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "0.1", True])
+def test_set_multi_refuses_non_numbers(bad):
+    with pytest.raises(ValueError, match="answer margin must be a finite number"):
+        control.set_multi("mixed", answer_margin=bad)
+
+
+def test_restore_brings_back_the_multi_settings():
+    new = control.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6, answer_margin=0.03)
+    restored = control.restore_thresholds(MULTI)(new)
+    assert restored.arm("mixed").multi == MULTI.arm("mixed").multi
+    assert control.changed_arms(MULTI, restored) == []
+
+
+def test_multi_audit_row_keeps_the_threshold_and_carries_the_new_margin():
+    new = control.with_multi(MULTI, "mixed", "alice", 1_700_000_000_000, answer_margin=0.02)
+    msg = ControlMessage(experiment=new, actor="alice", reason="fewer near-ties", ts_ms=1_700_000_000_000)
+    row = dict(zip(control.THRESHOLD_CHANGE_COLUMNS, control.audit_rows(msg, "mixed", 0.8, 7)[0]))
+    assert (row["old_threshold"], row["new_threshold"], row["new_version"]) == (0.8, 0.8, 8)
+    assert json.loads(row["config_json"])["arms"][1]["multi"]["answer_margin"] == 0.02
