@@ -606,15 +606,11 @@ class SemanticCache:
         eligible = [candidates[r.index] for r in ranked if r.eligible]
         if not ranked:
             return _Ranking(eligible)
-        # The margin is what rank() tests answer_margin against for the best-ranked
-        # candidate, and whether that one is eligible decides for the rest: so the logged
-        # pair tells offline what any other mixed-score threshold / margin would have done.
+        # Whether the best-ranked candidate is eligible decides for the rest: so its score
+        # and margin tell offline what any other mixed-score threshold / margin would have done.
         best = ranked[0]
-        answer = candidates[best.index].entry.answer
-        rival = max((r.score for r in ranked[1:] if candidates[r.index].entry.answer != answer),
-                    default=None)
         return _Ranking(eligible, score=float(best.score),
-                        score_margin=None if rival is None else float(best.score - rival))
+                        score_margin=None if best.margin is None else float(best.margin))
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,

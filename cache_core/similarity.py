@@ -34,11 +34,15 @@ def tokens(text: str) -> frozenset[str]:
     return frozenset(_TOKEN.findall(text.casefold()))
 
 
-def token_jaccard(left: str, right: str) -> float:
-    """|A ∩ B| / |A ∪ B| over ``tokens``; 0.0 when both are empty."""
-    a, b = tokens(left), tokens(right)
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """|A ∩ B| / |A ∪ B|; 0.0 when both are empty."""
     union = len(a | b)
     return len(a & b) / union if union else 0.0
+
+
+def token_jaccard(left: str, right: str) -> float:
+    """Jaccard overlap of ``tokens``; 0.0 when both are empty."""
+    return _jaccard(tokens(left), tokens(right))
 
 
 def char_grams(text: str, n: int = 3) -> frozenset[str]:
@@ -53,9 +57,7 @@ def lexical_overlap(left: str, right: str, kind: str = "word") -> float:
     if kind == "word":
         return token_jaccard(left, right)
     if kind == "char3":
-        a, b = char_grams(left), char_grams(right)
-        union = len(a | b)
-        return len(a & b) / union if union else 0.0
+        return _jaccard(char_grams(left), char_grams(right))
     raise ValueError(f"unknown lexical kind {kind!r}; expected one of {LEXICAL_KINDS}")
 
 
@@ -87,6 +89,9 @@ class Ranked:
     score: float
     eligible: bool
     """Passes the cosine threshold, the mixed-score threshold and the answer margin."""
+    margin: float | None = None
+    """Its lead over the best candidate (past the cosine threshold) with another answer,
+    what ``answer_margin`` is compared with; None when there is no such rival."""
 
 
 def mixed_scores(query: str, texts: list[str], answers: list[str], cosines: list[float],
@@ -110,6 +115,8 @@ def rank(query: str, texts: list[str], answers: list[str], cosines: list[float],
     out = []
     for i in gated:
         rival = max((scores[j] for j in gated if answers[j] != answers[i]), default=None)
-        clear = rival is None or scores[i] - rival >= answer_margin
-        out.append(Ranked(index=i, score=scores[i], eligible=scores[i] >= score_threshold and clear))
+        margin = None if rival is None else scores[i] - rival
+        clear = margin is None or margin >= answer_margin
+        out.append(Ranked(index=i, score=scores[i], eligible=scores[i] >= score_threshold and clear,
+                          margin=margin))
     return out
