@@ -21,12 +21,13 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from cache_core.events import ControlMessage, now_ms
 from pydantic import ValidationError
 
+from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, MultiSimilarityConfig,
                                     load_experiments)
 from cache_core.settings import Settings
+from dashboard.tuning import servable
 
 log = logging.getLogger(__name__)
 
@@ -389,11 +390,8 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     if similarity_hist.empty:
         return pd.DataFrame(columns=columns)
     df = similarity_hist
-    if "guard_blocks" not in df:
-        df = df.assign(guard_blocks=0)
     passes = df["similarity_milli"].notna() & (df["similarity_milli"].fillna(-10**9) >= _min_bin(threshold, bin_width))
-    blocked = df["guard_blocks"] + (df["multi_blocks"] if "multi_blocks" in df else 0)
-    est = (df["decisions"] - blocked).where(passes, 0)
+    est = servable(df).where(passes, 0)
     out = pd.DataFrame({"arm": df["arm"], "decisions": df["decisions"], "observed_hits": df["hits"],
                         "est_hits": est}).groupby("arm", as_index=False).sum()
     out["observed_hit_rate"] = out["observed_hits"] / out["decisions"]

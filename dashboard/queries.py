@@ -215,10 +215,8 @@ SELECT e.arm AS arm,
 FROM (
     {_MULTI_WITH}
     SELECT request_id, arm, intent_cluster, similarity FROM events_raw FINAL
-    WHERE event_type = 'decision' AND decision = 'hit' AND similarity IS NOT NULL
-      AND experiment_id = {{experiment_id:String}}
-      AND ts_ms >= {{start_ms:Int64}} AND ts_ms < {{end_ms:Int64}}
-      AND ({{namespace:String}} = '' OR namespace = {{namespace:String}})
+    {_DECISIONS_FILTER}
+      AND decision = 'hit' AND similarity IS NOT NULL
       AND NOT (multi_row AND multi_refused)
 ) AS e
 INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)

@@ -138,9 +138,10 @@ def drop_unreplayable(curve: pd.DataFrame, similarity_hist: pd.DataFrame) -> pd.
     return curve[~(curve["threshold"] < low - 1e-9)]
 
 
-def _servable(hist: pd.DataFrame) -> pd.Series:
-    """Decisions a threshold at or under their bin could serve: not guard-blocked, and for
-    multi arms not refused by the current floor / margin."""
+def servable(hist: pd.DataFrame) -> pd.Series:
+    """Per row of queries.similarity_histogram: decisions a threshold at or under the bin
+    could serve (not guard-blocked, and for multi arms not refused by the current floor /
+    margin). The threshold what-if of the control panel counts the same."""
     blocked = hist["guard_blocks"] if "guard_blocks" in hist else 0
     if "multi_blocks" in hist:
         blocked = blocked + hist["multi_blocks"]
@@ -160,7 +161,7 @@ def threshold_table(similarity_hist: pd.DataFrame, labelled: pd.DataFrame, thres
     thresholds = np.asarray(list(thresholds), dtype="float64")
     hist = similarity_hist
     decisions = int(hist["decisions"].sum()) if not hist.empty else 0
-    sims = _bins(hist.assign(servable=_servable(hist)) if not hist.empty else hist, ["servable"])
+    sims = _bins(hist.assign(servable=servable(hist)) if not hist.empty else hist, ["servable"])
     labels = _bins(labelled, ["correct", "wrong"])
     est_hits = _at_or_above(sims, "servable", thresholds)
     wrong = _at_or_above(labels, "wrong", thresholds)
@@ -200,12 +201,12 @@ def margin_table(margin_hist: pd.DataFrame, decisions: int, margins, alpha: floa
     no_rival = hist[hist["margin_milli"].isna()] if not hist.empty else hist
     base = {c: int(no_rival[c].sum()) if not no_rival.empty else 0 for c in ("decisions", "correct", "wrong")}
     bins = _bins(hist, ["decisions", "correct", "wrong"], key="margin_milli")
-    est = base["decisions"] + _at_or_above(bins, "decisions", margins, key="margin_milli")
+    with_rival = _at_or_above(bins, "decisions", margins, key="margin_milli")
+    est = base["decisions"] + with_rival
     wrong = base["wrong"] + _at_or_above(bins, "wrong", margins, key="margin_milli")
     n = wrong + base["correct"] + _at_or_above(bins, "correct", margins, key="margin_milli")
     labelled_bins = bins[(bins["correct"] + bins["wrong"]) > 0]
     # Served decisions with a rival in bins under the lowest labelled one: unlabelled.
-    with_rival = _at_or_above(bins, "decisions", margins, key="margin_milli")
     if labelled_bins.empty:
         unlabelled = with_rival
     else:
