@@ -39,6 +39,7 @@ import os
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -269,9 +270,9 @@ def odd_pairs(mock: dict) -> list[int]:
 def unique_origin_rows(mock: dict) -> list[int]:
     """Mock rows whose origin text is stored once, plus every unrelated row."""
     texts = [q for q, _ in mock["store"]]
-    seen = {t: texts.count(t) for t in set(texts)}
+    stored = Counter(texts)
     return [i for i, want in enumerate(mock["expected"])
-            if want is None or seen[texts[int(want)]] == 1]
+            if want is None or stored[texts[int(want)]] == 1]
 
 
 def subset(run: dict, rows: list[int]) -> dict:
