@@ -21,7 +21,7 @@ a banking77 *train* split, never on banking77 test) at each cosine threshold; on
 real decision per threshold (one shared store, one arm per threshold).
 ``mock-odd`` counts the mock rows whose pair index is odd (not used for tuning).
 ``mock-unique`` (and ``mock-odd-unique``) leave out the pairs whose origin text is
-stored more than once under different indices (35 of 999 rows): identical cached
+stored more than once under different indices (63 of 999 rows share 28 texts): identical cached
 questions with different answers, where any cache's answer is a coin toss.
 
 Thresholds are compared on the cosine scale. GPTCache's threshold t (distance
