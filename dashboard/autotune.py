@@ -3,11 +3,22 @@
 One run, for every experiment (or the ones named):
 1. each arm with a canary: ``tuning.evaluate_canary`` on the canary's labelled hits
    since it started; promote or roll back when the verdict is confident;
-2. each arm (and, with ``--clusters``, each intent cluster) without a canary:
-   ``tuning.recommend`` over the lookback window; an arm-level change goes out as a
+2. each multi-similarity arm without a canary: ``tuning.recommend_multi`` over the
+   lookback window picks its score floor and answer margin (replayed from the logged
+   mixed scores, never under the lowest floor / margin they were logged at) and pushes
+   them with ``control.push_multi``. Always directly: a canary tries a cosine threshold
+   only (CanaryConfig has no floor / margin), so ``--canary-share`` does not apply here;
+   the steps are small (``--max-step``) and the cool-down lets the next run see their
+   effect. This comes before the thresholds: the floor / margin search reaches the band
+   of false hits itself, where an over-target threshold can only rise by the max step;
+3. each arm (and, with ``--clusters``, each intent cluster) without a canary:
+   ``tuning.recommend`` over the same window; an arm-level change goes out as a
    canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
-   change directly. Every push uses the version just read (optimistic concurrency)
-   and lands in the audit table, so the cool-down applies to the next run.
+   change directly.
+
+Every push uses the version just read (optimistic concurrency) and lands in the audit
+table, so the cool-down applies to the next run; an arm changed earlier in a run (canary
+verdict, floor / margin) holds its other changes until the next one.
 
 CLI (any scheduler can run it)::
 
@@ -22,7 +33,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
@@ -45,7 +56,7 @@ class TuneAction:
     experiment_id: str
     arm: str
     cluster: int | None
-    kind: Literal["canary", "recommendation"]
+    kind: Literal["canary", "recommendation", "multi"]
     action: str
     """promote / rollback / continue for canaries; change / hold for recommendations."""
     reason: str
@@ -53,6 +64,10 @@ class TuneAction:
     version: int | None = None
     """The config version published, when applied."""
     threshold: float | None = None
+    score_floor: float | None = None
+    """multi: the recommended score floor (None: hold)."""
+    answer_margin: float | None = None
+    """multi: the recommended answer margin (None: hold)."""
 
 
 def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
@@ -105,6 +120,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
                                            queries.labelled_similarity(client, filters, rules), guardrails,
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
+    if rules:  # before the thresholds: see the module docstring
+        config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
+                             client=client, apply=apply, actor=actor, clock=clock)
     for rec in recommendations:
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
@@ -124,6 +142,45 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
         actions.append(TuneAction(experiment_id, rec.arm, rec.cluster, "recommendation", rec.action, rec.reason,
                                   applied, config.version if applied else None, rec.recommended))
     return actions
+
+
+def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict[int, ExperimentConfig]:
+    """Every config version of the experiment known to the audit, the experiments file and the live one."""
+    try:
+        from_file = load_experiments(settings.experiments_file).get(config.experiment_id)
+    except ValueError:
+        from_file = None
+    return tuning.configs_by_version(queries.change_history(client, config.experiment_id), from_file, config)
+
+
+def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,
+                touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
+                apply: bool, actor: str, clock: Callable[[], int]) -> ExperimentConfig:
+    """Step 2 of the module docstring for multi arms' score floor and answer margin (pushed
+    directly); appends to ``actions`` and returns the config after its pushes."""
+    recommendations = tuning.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
+                                                 logged_configs(settings, client, config), guardrails,
+                                                 now_ms=now, last_change_ms=last_ms)
+    for rec in recommendations:
+        if rec.arm in touched and rec.action == "change":
+            rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
+                          reason="cool-down: this arm changed earlier in this run")
+        applied = apply and rec.action == "change"
+        if applied:
+            moved = [f"{name} {old:.3f} -> {new:.3f}" for name, old, new in (
+                ("score floor", rec.current_floor, rec.recommended_floor),
+                ("answer margin", rec.current_margin, rec.recommended_margin)) if abs(old - new) > 1e-9]
+            reason = (f"auto-tune: {'; '.join(moved)}: {rec.reason} (bound {rec.false_hit_upper:.2%} at "
+                      f"{rec.labelled} labels)")
+            message = control.push_multi(settings, config.experiment_id, rec.arm, actor, reason,
+                                         score_floor=rec.recommended_floor, answer_margin=rec.recommended_margin,
+                                         client=client, expected_version=config.version, clock=clock)
+            config = message.experiment
+            touched.add(rec.arm)
+        actions.append(TuneAction(config.experiment_id, rec.arm, None, "multi", rec.action, rec.reason, applied,
+                                  config.version if applied else None, None, rec.recommended_floor,
+                                  rec.recommended_margin))
+    return config
 
 
 def known_experiments(settings: Settings) -> list[str]:

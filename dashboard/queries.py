@@ -248,6 +248,35 @@ GROUP BY arm, margin_milli
 ORDER BY arm, margin_milli
 """
 
+# Multi arms' decisions by config version x mixed-score bin x answer-margin bin (NULL score:
+# nothing past the cosine gate, or not logged in multi mode; NULL margin: no rival answer),
+# at the cosine thresholds as logged, for auto-tuning the score floor and margin together:
+# a decision is served at (f, m) iff it is servable (multi mode, no guard veto, a score)
+# and its score bin >= f and its margin bin is NULL or >= m. The config version tells which
+# floor / margin were in force (tuning.multi_replay_limits). correct / wrong: labelled hits.
+MULTI_SCORE_SQL = f"""
+SELECT e.arm AS arm,
+       e.config_version AS config_version,
+       e.score_milli AS score_milli,
+       e.margin_milli AS margin_milli,
+       count() AS decisions,
+       countIf(e.servable) AS servable,
+       countIf(e.hit AND f.verdict = 'correct') AS correct,
+       countIf(e.hit AND f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, arm, config_version, hit,
+           similarity_mode = 'multi' AND guard IS NULL AND score IS NOT NULL AS servable,
+           if(similarity_mode = 'multi', toInt64(floor(score * 1000 + 1e-9)), NULL) AS score_milli,
+           if(similarity_mode = 'multi', toInt64(floor(score_margin * 1000 + 1e-9)), NULL) AS margin_milli
+    FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND has({{multi_arms:Array(String)}}, arm)
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm, config_version, score_milli, margin_milli
+ORDER BY arm, config_version, score_milli, margin_milli
+"""
+
 _FEEDBACK_FILTER = _WINDOW_FILTER
 
 FALSE_HITS_SQL = f"""
@@ -359,6 +388,8 @@ COLUMNS: dict[str, list[str]] = {
                           "multi_blocks", "multi_min_threshold"],
     LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "correct", "wrong"],
     MULTI_MARGIN_SQL: ["arm", "margin_milli", "decisions", "correct", "wrong"],
+    MULTI_SCORE_SQL: ["arm", "config_version", "score_milli", "margin_milli", "decisions", "servable", "correct",
+                      "wrong"],
     FALSE_HITS_SQL: ["arm", "variant", "correct", "wrong"],
     FALSE_HITS_TIMESERIES_SQL: ["arm", "bucket", "correct", "wrong"],
     VARIANT_SUMMARY_SQL: ["arm", "variant", "requests", "hits"],
@@ -523,6 +554,16 @@ def multi_margin_histogram(client, filters: Filters, multi: Sequence[MultiRule])
     hits (correct, wrong). Served at margin m iff the bin is NA or >= m."""
     df = _frame(client, MULTI_MARGIN_SQL, {**filters.parameters(), **_multi_parameters(multi)})
     df["margin_milli"] = df["margin_milli"].astype("Int64")
+    return df
+
+
+def multi_score_histogram(client, filters: Filters, multi: Sequence[MultiRule]) -> pd.DataFrame:
+    """Per ``multi`` arm x config version x mixed-score bin (``score_milli``) x answer-margin
+    bin (``margin_milli``, NA = no rival answer): all decisions, the servable ones (multi
+    mode, a score, no guard veto) and their labelled hits (correct, wrong)."""
+    df = _frame(client, MULTI_SCORE_SQL, {**filters.parameters(), "multi_arms": [r.arm for r in multi]})
+    for col in ("score_milli", "margin_milli"):
+        df[col] = df[col].astype("Int64")
     return df
 
 

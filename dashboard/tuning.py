@@ -21,6 +21,13 @@ show, and a miss's ``similarity`` is its nearest candidate's cosine, not necessa
 the best-ranked one's); below it candidates were never ranked at all. Thresholds under the lowest
 logged one (``multi_min_threshold``) are therefore unsupported and never recommended.
 ``margin_table`` replays other answer margins at the logged cosine gates.
+``recommend_multi`` tunes a multi arm's score floor and answer margin together with the
+objective and guardrails of ``recommend``, from queries.multi_score_histogram (cosine gate
+as logged): the floor / margin in force decided only whether the best-ranked candidate was
+served, so a pair at or above the lowest ones the window was logged at (known per config
+version from the audit) replays: what it serves passed the logged pair, so its guard verdict
+and label are in the log (exact when the window ran one pair). Pairs under them are never
+recommended.
 
 ``evaluate_canary`` says promote / rollback / continue for a running canary from its
 labelled hits, with the sequential test (safe to re-evaluate on every run) or a
@@ -340,3 +347,203 @@ def evaluate_canary(canary: CanaryConfig, labelled: ProportionStat, *, min_label
     need = f"; {n}/{min_labelled} labels" if n < min_labelled else ""
     return CanaryDecision("continue", f"not yet conclusive: {shown} ({wrong}/{n}) vs target {target:.1%}{need}",
                           n, wrong, rate, evidence)
+
+
+# -- multi arms: score floor and answer margin ------------------------------------------
+
+@dataclass(frozen=True)
+class MultiRecommendation:
+    """A multi arm's guarded best (score floor, answer margin) pair; see ``recommend_multi``."""
+
+    arm: str
+    current_floor: float
+    current_margin: float
+    recommended_floor: float | None
+    recommended_margin: float | None
+    action: Action
+    reason: str
+    current_hit_rate: float | None = None
+    recommended_hit_rate: float | None = None
+    false_hit_rate: float | None = None
+    """Observed false-hit rate of the labelled hits the recommended pair would serve."""
+    false_hit_upper: float | None = None
+    labelled: int = 0
+    decisions: int = 0
+    lowest_floor: float | None = None
+    """The lowest floor (and margin) in force when the window's events were logged: the
+    replay holds at or above them only."""
+    lowest_margin: float | None = None
+    candidates: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, compare=False)
+
+
+def configs_by_version(history: pd.DataFrame, *configs: ExperimentConfig | None) -> dict[int, ExperimentConfig]:
+    """Every config whose version is known: the ``config_json`` of queries.change_history
+    rows plus ``configs`` (the experiments file's, the live one); later arguments win."""
+    known: dict[int, ExperimentConfig] = {}
+    if not history.empty:
+        for config_json in history["config_json"]:
+            if config_json:
+                config = ExperimentConfig.model_validate_json(config_json)
+                known[config.version] = config
+    for config in configs:
+        if config is not None:
+            known[config.version] = config
+    return known
+
+
+def logged_rules(configs: dict[int, ExperimentConfig], arm: str) -> dict[int, tuple[float, float]]:
+    """config version -> (score floor, answer margin) of ``arm`` where it was a multi arm."""
+    out = {}
+    for version, config in configs.items():
+        if arm in [a.name for a in config.arms] and config.arm(arm).similarity == "multi":
+            multi = config.arm(arm).multi
+            out[version] = (float(multi.threshold), float(multi.answer_margin))
+    return out
+
+
+def multi_replay_limits(score_hist: pd.DataFrame,
+                        rules: dict[int, tuple[float, float]]) -> tuple[float | None, float | None, list[int]]:
+    """(lowest floor, lowest margin, unknown versions) over the config versions that logged
+    mixed scores in ``score_hist`` (queries.multi_score_histogram narrowed to one arm).
+    A version missing from ``rules`` is listed: nobody can tell which floor it ran."""
+    if score_hist.empty:
+        return None, None, []
+    versions = sorted(int(v) for v in score_hist.loc[score_hist["score_milli"].notna(), "config_version"].unique())
+    unknown = [v for v in versions if v not in rules]
+    known = [rules[v] for v in versions if v in rules]
+    if not known:
+        return None, None, unknown
+    return min(f for f, _ in known), min(m for _, m in known), unknown
+
+
+def _steps(current: float, g: Guardrails, low: float, high: float) -> np.ndarray:
+    steps = int(math.floor(g.max_step / g.grid_step + 1e-9))
+    grid = current + g.grid_step * np.arange(-steps, steps + 1)
+    return np.unique(np.round(np.clip(grid, low, high), 6))
+
+
+def multi_table(score_hist: pd.DataFrame, floors, margins, *, lowest_floor: float | None,
+                lowest_margin: float | None, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    """Per candidate (score_floor, answer_margin) of one multi arm: estimated hits and the
+    false-hit rate with its upper bound, from ``score_hist`` (queries.multi_score_histogram:
+    per config version x score bin x margin bin, decisions / servable / correct / wrong).
+
+    A decision is served at (f, m) iff it is ``servable`` (logged in multi mode, something
+    past the cosine gate, no guard veto), its score bin reaches f and its margin bin is NA
+    (no rival answer) or reaches m; the cosine gate stays as logged. The denominator is all
+    of the arm's logged decisions. ``replayable``: f and m are not under the lowest floor /
+    margin in force when the events were logged. Up there every decision the pair serves
+    was served then (so its label, if any, is in the data) and the replay is exact.
+    """
+    floors = np.asarray(list(floors), dtype="float64")
+    margins = np.asarray(list(margins), dtype="float64")
+    pairs = np.array([(f, m) for f in floors for m in margins], dtype="float64").reshape(-1, 2)
+    hist = score_hist
+    decisions = int(hist["decisions"].sum()) if not hist.empty else 0
+    if hist.empty:
+        served = wrong = labelled = np.zeros(len(pairs), dtype="int64")
+    else:
+        # NA score: never served; NA margin: no rival, passes any margin.
+        score = pd.to_numeric(hist["score_milli"], errors="coerce").astype("float64").fillna(-np.inf).to_numpy()
+        margin = pd.to_numeric(hist["margin_milli"], errors="coerce").astype("float64").fillna(np.inf).to_numpy()
+        first_score = np.ceil(pairs[:, 0] / BIN_WIDTH - 1e-9)
+        first_margin = np.ceil(pairs[:, 1] / BIN_WIDTH - 1e-9)
+        passes = (score[None, :] >= first_score[:, None]) & (margin[None, :] >= first_margin[:, None])
+        count = lambda col: passes.astype("int64") @ hist[col].to_numpy("int64")
+        served, wrong = count("servable"), count("wrong")
+        labelled = wrong + count("correct")
+    rows = []
+    for (f, m), hits, n, w in zip(pairs, served, labelled, wrong):
+        stat = ProportionStat(int(n), int(w))
+        replayable = (lowest_floor is not None and lowest_margin is not None
+                      and f >= lowest_floor - 1e-9 and m >= lowest_margin - 1e-9)
+        rows.append({"score_floor": round(float(f), 6), "answer_margin": round(float(m), 6),
+                     "decisions": decisions, "est_hits": int(hits),
+                     "est_hit_rate": hits / decisions if decisions else None, "labelled": int(n), "wrong": int(w),
+                     "false_hit_rate": stat.rate, "false_hit_upper": upper_bound(stat, alpha),
+                     "replayable": bool(replayable)})
+    columns = ["score_floor", "answer_margin", "decisions", "est_hits", "est_hit_rate", "labelled", "wrong",
+               "false_hit_rate", "false_hit_upper", "replayable"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hist: pd.DataFrame,
+                    rules: dict[int, tuple[float, float]], guardrails: Guardrails, *, now_ms: int,
+                    last_change_ms: int | None = None) -> MultiRecommendation:
+    """The guarded best score floor and answer margin of one multi arm.
+
+    The objective and guard rails of ``recommend``: the pair with the highest estimated hit
+    rate whose one-sided Clopper-Pearson upper bound of the false-hit rate (labelled hits
+    the pair would serve) is <= the target with ``min_labelled`` labels; each of floor and
+    margin moves at most ``max_step`` (on ``grid_step``), ``min_decisions`` and the cool-down
+    apply. Only ``replayable`` pairs (``multi_table``) are candidates: never under the lowest
+    floor / margin the window's events were logged at (``rules``: config version -> (floor,
+    margin)); a window with events of an unknown config version holds. Ties (same estimated
+    hits) go to the pair closest to the current one, then the higher floor and margin. Over target at the current pair with nothing safe: the floor
+    rises by the max step (margin kept), as ``recommend`` raises a threshold.
+    """
+    g = guardrails
+    low_floor, low_margin, unknown = multi_replay_limits(score_hist, rules)
+    table = multi_table(score_hist, _steps(score_floor, g, -1.0, 1.0), _steps(answer_margin, g, 0.0, 1.0),
+                        lowest_floor=low_floor, lowest_margin=low_margin, alpha=g.alpha)
+    at_now = (table["score_floor"] - score_floor).abs() + (table["answer_margin"] - answer_margin).abs()
+    now_row = table.loc[at_now.idxmin()]
+    decisions = int(now_row["decisions"])
+    base = dict(arm=arm, current_floor=score_floor, current_margin=answer_margin,
+                current_hit_rate=now_row["est_hit_rate"], decisions=decisions, lowest_floor=low_floor,
+                lowest_margin=low_margin, candidates=table)
+    hold = lambda reason: MultiRecommendation(**base, recommended_floor=None, recommended_margin=None,
+                                              action="hold", reason=reason)
+    if decisions < g.min_decisions:
+        return hold(f"only {decisions} logged decisions, need {g.min_decisions}")
+    if last_change_ms is not None and now_ms - last_change_ms < g.cooldown_s * 1000:
+        waited = (now_ms - last_change_ms) / 1000
+        return hold(f"cool-down: last change {waited:.0f}s ago, need {g.cooldown_s:.0f}s")
+    if unknown:
+        return hold(f"events of config version(s) {unknown} have no recorded config: their score floor / "
+                    "answer margin is unknown, so other values cannot be replayed")
+    if low_floor is None:
+        return hold("no logged mixed scores: nothing to replay")
+    table["feasible"] = (table["replayable"] & (table["labelled"] >= g.min_labelled)
+                         & (table["false_hit_upper"] <= g.target_false_hit_rate))
+    feasible = table[table["feasible"]]
+    if not feasible.empty:
+        # Pairs the logs cannot tell apart (same estimated hits) go to the smallest move:
+        # a move that changes nothing on the logs would only spend the cool-down.
+        ranked = feasible.assign(move=((feasible["score_floor"] - score_floor).abs()
+                                       + (feasible["answer_margin"] - answer_margin).abs()).round(6))
+        best = ranked.sort_values(["est_hits", "move", "score_floor", "answer_margin"],
+                                  ascending=[False, True, False, False]).iloc[0]
+        return _multi_recommendation(base, best, "best hit rate with the false-hit bound under target")
+    unsafe_now = (now_row["labelled"] >= g.min_labelled and now_row["false_hit_upper"] is not None
+                  and now_row["false_hit_upper"] > g.target_false_hit_rate)
+    if unsafe_now:
+        same_margin = table[(table["answer_margin"] - answer_margin).abs() < 1e-9]
+        return _multi_recommendation(base, same_margin.loc[same_margin["score_floor"].idxmax()],
+                                     f"false-hit bound {now_row['false_hit_upper']:.1%} above target "
+                                     f"{g.target_false_hit_rate:.1%} and no candidate is safe: raising the "
+                                     "score floor by the max step")
+    return hold(f"no replayable floor / margin has {g.min_labelled}+ labelled hits with the false-hit bound "
+                f"under {g.target_false_hit_rate:.1%}")
+
+
+def _multi_recommendation(base: dict, row: pd.Series, why: str) -> MultiRecommendation:
+    floor, margin = float(row["score_floor"]), float(row["answer_margin"])
+    moved = abs(floor - base["current_floor"]) > 1e-9 or abs(margin - base["current_margin"]) > 1e-9
+    return MultiRecommendation(
+        **base, recommended_floor=floor, recommended_margin=margin, action="change" if moved else "hold",
+        reason=why if moved else "the current floor and margin are already the best within the guardrails",
+        recommended_hit_rate=row["est_hit_rate"], false_hit_rate=row["false_hit_rate"],
+        false_hit_upper=row["false_hit_upper"], labelled=int(row["labelled"]))
+
+
+def recommend_multi_all(config: ExperimentConfig, score_hist: pd.DataFrame, configs: dict[int, ExperimentConfig],
+                        guardrails: Guardrails, *, now_ms: int,
+                        last_change_ms: dict[str, int] | None = None) -> list[MultiRecommendation]:
+    """``recommend_multi`` for every multi arm of ``config`` without a running canary
+    (``configs``: every known config by version, see ``configs_by_version``)."""
+    last = last_change_ms or {}
+    return [recommend_multi(arm.name, arm.multi.threshold, arm.multi.answer_margin, _narrow(score_hist, arm.name, None),
+                            logged_rules(configs, arm.name), guardrails, now_ms=now_ms,
+                            last_change_ms=last.get(arm.name))
+            for arm in config.arms if arm.similarity == "multi" and arm.canary is None]

@@ -205,3 +205,23 @@ def test_multi_margin_histogram_feeds_the_margin_whatif(multi_seeded):
     assert table["est_hits"].to_dict() == {0.005: 3, 0.01: 2}
     assert table["wrong"].to_dict() == {0.005: 2, 0.01: 1}
     assert queries.multi_margin_histogram(client, filters, ()).empty
+
+
+def test_multi_score_histogram_feeds_the_floor_and_margin_tuning(multi_seeded):
+    client, filters = multi_seeded
+    hist = queries.multi_score_histogram(client, filters, RULES)
+    assert set(hist["arm"]) == {"mx", "old"}  # only arms that are multi now; "cos" is not
+    mx = hist[hist["arm"] == "mx"]
+    rows = {(None if pd.isna(s) else int(s), None if pd.isna(m) else int(m)): (d, v, c, w) for s, m, d, v, c, w in
+            mx[["score_milli", "margin_milli", "decisions", "servable", "correct", "wrong"]].itertuples(index=False)}
+    assert rows == {(700, 50): (2, 1, 1, 0),  # the guard-blocked one is not servable
+                    (700, None): (1, 1, 0, 1), (700, 5): (1, 1, 0, 1), (400, 200): (1, 1, 0, 0),
+                    (None, None): (1, 0, 0, 0), (450, 100): (1, 1, 1, 0)}
+    old = hist[hist["arm"] == "old"]  # written before migration 0003: counted, never servable
+    assert old["decisions"].sum() == 1 and old["servable"].sum() == 0 and old["score_milli"].isna().all()
+    assert set(mx["config_version"]) == {0}
+    # At the arm's current floor / margin and the logged cosine gates, the floor / margin replay
+    # agrees with the threshold what-if (ruled est_hits 2, labelled 2, wrong 1 at 0.80 and 0.90).
+    table = tuning.multi_table(mx, [0.5], [0.01], lowest_floor=0.5, lowest_margin=0.01).iloc[0]
+    assert (table["decisions"], table["est_hits"], table["labelled"], table["wrong"]) == (7, 2, 2, 1)
+    assert queries.multi_score_histogram(client, filters, ()).empty

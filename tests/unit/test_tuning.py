@@ -192,3 +192,133 @@ def test_margin_table_empty_and_grid():
     assert empty.iloc[0]["est_hits"] == 0 and empty.iloc[0]["est_hit_rate"] is None
     grid = tuning.margin_grid(0.005)
     assert grid[0] == 0.0 and 0.005 in grid and grid == sorted(grid) and max(grid) <= 1.0
+
+
+# -- multi arms: score floor / answer margin recommendations ---------------------------
+
+SCORE_COLS = ["config_version", "score_milli", "margin_milli", "decisions", "servable", "correct", "wrong"]
+
+
+def _scores(rows, arm="m"):
+    """queries.multi_score_histogram rows of one arm: (version, score bin, margin bin, decisions,
+    servable, correct, wrong); None bins are NA."""
+    df = pd.DataFrame(rows, columns=SCORE_COLS).assign(arm=arm)
+    for col in ("score_milli", "margin_milli"):
+        df[col] = pd.array(df[col], dtype="Int64")
+    return df
+
+
+def _band(version, lo, hi, *, margin=50, per_bin=10, labels=5, wrong=lambda b: 0):
+    """per_bin servable decisions per score bin in [lo, hi), ``labels`` of them labelled, wrong(b) wrong."""
+    return [(version, b, margin, per_bin, per_bin, labels - wrong(b), wrong(b)) for b in range(lo, hi)]
+
+
+def test_multi_table_replays_floor_and_margin_together():
+    hist = _scores([
+        (1, None, None, 10, 0, 0, 0),  # nothing past the cosine gate: never served
+        (1, 520, None, 5, 5, 3, 1),    # no rival answer: served at any margin
+        (1, 520, 3, 4, 4, 0, 0),       # lead 0.003: refused by the logged margin 0.005
+        (1, 560, 20, 6, 6, 4, 2),
+        (1, 600, 10, 3, 2, 1, 0),      # one of three vetoed by a guard
+    ])
+    table = tuning.multi_table(hist, [0.50, 0.55, 0.56, 0.57], [0.0, 0.005, 0.015],
+                               lowest_floor=0.50, lowest_margin=0.005).set_index(["score_floor", "answer_margin"])
+    assert table["decisions"].eq(28).all()
+    assert table.loc[(0.50, 0.005), ["est_hits", "labelled", "wrong"]].tolist() == [13, 11, 3]
+    assert table.loc[(0.50, 0.0), "est_hits"] == 17 and not table.loc[(0.50, 0.0), "replayable"]
+    assert table.loc[(0.55, 0.005), ["est_hits", "labelled", "wrong"]].tolist() == [8, 7, 2]
+    assert table.loc[(0.56, 0.015), "est_hits"] == 6  # the 0.600 bin leads by only 0.010
+    assert table.loc[(0.57, 0.005), "est_hits"] == 2
+    assert table.loc[(0.55, 0.005), "est_hit_rate"] == pytest.approx(8 / 28)
+    assert table.loc[(0.57, 0.015), "replayable"]
+
+
+def test_multi_recommendation_raises_the_floor_past_a_wrong_band():
+    # Logged at floor 0.50: 2 of 5 labels wrong in the 0.500-0.519 scores, clean above.
+    hist = _scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0))
+    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
+    assert rec.action == "change"
+    assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.515), pytest.approx(0.005))
+    table = rec.candidates.set_index(["score_floor", "answer_margin"])
+    assert table.loc[(0.51, 0.005), "false_hit_upper"] > 0.05 >= rec.false_hit_upper  # 0.510 keeps too many wrong
+    assert rec.recommended_hit_rate < rec.current_hit_rate and rec.labelled == 85 * 5
+    assert (rec.lowest_floor, rec.lowest_margin) == (0.50, 0.005)
+
+
+def test_multi_recommendation_lowers_only_down_to_the_lowest_logged_floor():
+    # Version 1 ran at floor 0.48 (labels reach down there), version 2 at 0.50: both clean.
+    hist = _scores(_band(1, 480, 600) + _band(2, 500, 600))
+    rules = {1: (0.48, 0.005), 2: (0.50, 0.005)}
+    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW)
+    assert (rec.action, rec.recommended_floor, rec.recommended_margin) == ("change", pytest.approx(0.48),
+                                                                          pytest.approx(0.005))
+    assert not rec.candidates.set_index(["score_floor", "answer_margin"]).loc[(0.475, 0.005), "replayable"]
+    # Only version 2 logged: 0.470-0.499 scores were refused (no labels), so nothing under 0.50.
+    refused = [(2, b, 50, 10, 10, 0, 0) for b in range(470, 500)]
+    only_v2 = _scores(refused + _band(2, 500, 600))
+    rec = tuning.recommend_multi("m", 0.50, 0.005, only_v2, rules, G, now_ms=NOW)
+    table = rec.candidates.set_index(["score_floor", "answer_margin"])
+    assert table.loc[(0.47, 0.005), "est_hits"] > table.loc[(0.50, 0.005), "est_hits"]  # tempting, not replayable
+    assert not table.loc[(0.47, 0.005), "replayable"]
+    assert rec.action == "hold" and "already the best" in rec.reason
+
+
+def test_multi_recommendation_widens_the_margin_against_near_ties():
+    # Decisions leading their rival by 0.010 are half wrong; clear leads and no-rival ones are clean.
+    hist = _scores(_band(1, 600, 700, margin=10, wrong=lambda b: 2 if b % 2 else 3)
+                   + _band(1, 600, 700, margin=None) + _band(1, 600, 700, margin=40))
+    rec = tuning.recommend_multi("m", 0.55, 0.005, hist, {1: (0.55, 0.005)}, G, now_ms=NOW)
+    assert rec.action == "change"
+    # 0.015 drops the 0.010 leads; wider margins serve no fewer, but move further.
+    assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.55), pytest.approx(0.015))
+    assert rec.candidates.set_index(["score_floor", "answer_margin"]).loc[(0.55, 0.035), "est_hits"] == 2000
+
+
+def test_multi_recommendation_guardrails_hold():
+    hist = _scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0))
+    rules = {1: (0.50, 0.005)}
+    few = tuning.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 500, 505)), rules, G, now_ms=NOW)
+    assert few.action == "hold" and "50 logged decisions" in few.reason
+    cooling = tuning.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW, last_change_ms=NOW - 60_000)
+    assert cooling.action == "hold" and "cool-down" in cooling.reason and cooling.recommended_floor is None
+    unknown = tuning.recommend_multi("m", 0.50, 0.005, hist, {}, G, now_ms=NOW)
+    assert unknown.action == "hold" and "config version(s) [1]" in unknown.reason
+    unlabelled = _scores(_band(1, 500, 600, labels=0))
+    none = tuning.recommend_multi("m", 0.50, 0.005, unlabelled, rules, G, now_ms=NOW)
+    assert none.action == "hold" and "labelled hits" in none.reason
+    cosine_only = _scores([(1, None, None, 500, 0, 0, 0)])
+    assert "no logged mixed scores" in tuning.recommend_multi("m", 0.50, 0.005, cosine_only, rules, G,
+                                                              now_ms=NOW).reason
+
+
+def test_multi_recommendation_over_target_everywhere_raises_the_floor_by_the_max_step():
+    hist = _scores(_band(1, 500, 600, wrong=lambda b: 1))  # 20% wrong at every score
+    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
+    assert (rec.action, rec.recommended_floor, rec.recommended_margin) == ("change", pytest.approx(0.53),
+                                                                          pytest.approx(0.005))
+    assert "above target" in rec.reason
+
+
+def test_configs_by_version_and_logged_rules():
+    def config(version, floor, similarity="multi"):
+        return ExperimentConfig(experiment_id="e", salt="s", version=version, arms=[
+            ArmConfig(name="m", similarity=similarity, multi={"threshold": floor, "answer_margin": 0.01}),
+            ArmConfig(name="c")])
+    history = pd.DataFrame({"config_json": [config(3, 0.6).model_dump_json(), "", config(2, 0.5, "cosine").model_dump_json()]})
+    known = tuning.configs_by_version(history, config(1, 0.4), None, config(4, 0.7))
+    assert sorted(known) == [1, 2, 3, 4]
+    assert tuning.logged_rules(known, "m") == {1: (0.4, 0.01), 3: (0.6, 0.01), 4: (0.7, 0.01)}  # v2: cosine
+    assert tuning.logged_rules(known, "c") == {}
+    assert tuning.configs_by_version(pd.DataFrame(columns=["config_json"])) == {}
+
+
+def test_recommend_multi_all_skips_cosine_arms_and_canaries():
+    config = ExperimentConfig(experiment_id="e", salt="s", arms=[
+        ArmConfig(name="m", similarity="multi", multi={"threshold": 0.50, "answer_margin": 0.005}),
+        ArmConfig(name="k", similarity="multi", canary=CanaryConfig(threshold=0.9, share=0.1)),
+        ArmConfig(name="c")])
+    hist = pd.concat([_scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0)),
+                      _scores(_band(1, 500, 600), arm="k")])
+    recs = tuning.recommend_multi_all(config, hist, {1: config}, G, now_ms=NOW)
+    assert [r.arm for r in recs] == ["m"]
+    assert recs[0].recommended_floor == pytest.approx(0.515)

@@ -1,0 +1,75 @@
+"""Auto-tune of a multi arm's score floor / answer margin against the real warehouse and broker."""
+import json
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from cache_core.chclient import connect
+from cache_core.control import read_latest_configs
+from cache_core.settings import get_settings
+from tests.fixtures import dashboard_seed as seed
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def multi_env(monkeypatch, kafka_settings, ch_settings, tmp_path):
+    """The CLI's settings (SCACHE_* env) pointing at the test broker and warehouse, an experiment
+    with a multi arm, and its logged decisions and feedback."""
+    experiment_id = f"tune-multi-{uuid.uuid4().hex[:8]}"
+    for name, value in {"KAFKA__BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+                        "KAFKA__CONTROL_TOPIC": kafka_settings.control_topic,
+                        "CLICKHOUSE__URL": ch_settings.url, "CLICKHOUSE__DATABASE": ch_settings.database,
+                        "EXPERIMENTS_FILE": str(seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id))
+                        }.items():
+        monkeypatch.setenv(f"SCACHE_{name}", value)
+    get_settings.cache_clear()
+    client = connect(ch_settings)
+    seed.seed_multi_tuning(client, experiment_id, datetime.now(timezone.utc))
+    yield experiment_id, client
+    client.close()
+    get_settings.cache_clear()
+
+
+def _run(capsys, *args) -> dict[tuple[str, str], dict]:
+    from dashboard import autotune
+    assert autotune.main(["--once", "--min-decisions", "200", "--min-labelled", "30", "--target", "0.05",
+                          *args]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return {(a["arm"], a["kind"]): a for a in lines}
+
+
+def test_autotune_once_raises_a_multi_arms_floor_and_audits_it(multi_env, capsys):
+    experiment_id, client = multi_env
+    dry = _run(capsys, "--experiment", experiment_id, "--dry-run", "--cooldown-s", "0")
+    multi = dry[("control", "multi")]
+    assert (multi["action"], multi["applied"]) == ("change", False)
+    assert (multi["score_floor"], multi["answer_margin"]) == (pytest.approx(seed.MULTI_TUNED_FLOOR), 0.005)
+    assert experiment_id not in read_latest_configs(get_settings().kafka)  # dry: nothing published
+
+    done = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0")
+    multi = done[("control", "multi")]
+    assert (multi["action"], multi["applied"], multi["version"]) == ("change", True, 2)
+    # one change per arm and run: the threshold recommendation for the same arm waits
+    assert "changed earlier in this run" in done[("control", "recommendation")]["reason"]
+    assert not done[("treatment", "recommendation")]["applied"]  # a cosine arm with no decisions
+
+    live = read_latest_configs(get_settings().kafka)[experiment_id].experiment
+    arm = live.arm("control")
+    assert live.version == 2 and live.updated_by == "autotune"
+    assert arm.multi.threshold > seed.MULTI_ARM["multi"]["threshold"]  # raised: fewer false hits
+    assert arm.multi.threshold == pytest.approx(seed.MULTI_TUNED_FLOOR)
+    assert arm.multi.answer_margin == 0.005 and arm.threshold == 0.80 and arm.canary is None  # pushed directly
+    rows = client.query("SELECT arm, actor, old_threshold, new_threshold, old_version, new_version, reason, "
+                        "config_json FROM threshold_changes WHERE experiment_id = {e:String}",
+                        parameters={"e": experiment_id}).result_rows
+    assert [r[:6] for r in rows] == [("control", "autotune", 0.80, 0.80, 1, 2)]
+    assert "score floor 0.500 -> 0.515" in rows[0][6]
+    assert json.loads(rows[0][7])["arms"][0]["multi"]["threshold"] == pytest.approx(seed.MULTI_TUNED_FLOOR)
+
+    # The next run is inside the cool-down that audit row started: nothing more is pushed.
+    again = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "1800")
+    assert again[("control", "multi")]["action"] == "hold"
+    assert "cool-down" in again[("control", "multi")]["reason"]
+    assert read_latest_configs(get_settings().kafka)[experiment_id].experiment.version == 2
