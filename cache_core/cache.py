@@ -50,6 +50,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +76,10 @@ SHARED_ARM = "*"
 # The background ANN check scans the exact twin in steps of this many rows, releasing
 # the partition lock in between (about 0.2 ms per step with 384 dimensions).
 EXACT_BLOCK_ROWS = 2048
+# A batched check's locked step multiplies at most this many query x row pairs (64
+# queries: 512 rows, about the hold of one single-query step), never under this many rows.
+EXACT_BLOCK_CELLS = EXACT_BLOCK_ROWS * 16
+EXACT_BLOCK_MIN_ROWS = 256
 # Sampled ANN checks are skipped while this many events wait to be finished.
 MAX_CHECK_BACKLOG = 64
 
@@ -199,6 +204,18 @@ class SearchOutcome:
     """What the ANN structure returned (before dropping expired entries)."""
 
 
+def _ranked(index: VectorIndex, scores: np.ndarray, ids: np.ndarray,
+            k: int) -> list[list[tuple[str, float]]]:
+    """Per query, (entry_id, score) best first from a batched scan's survivors; like
+    ``exact_block``, an id that is no longer live is left out."""
+    out = []
+    for row_scores, row_ids in zip(scores, ids):
+        order = np.argsort(-row_scores, kind="stable")[:k]
+        names = index.labels(row_ids[order])
+        out.append([(name, float(row_scores[i])) for name, i in zip(names, order) if name is not None])
+    return out
+
+
 def ann_agreement(raw: list[tuple[str, float]], exact: list[tuple[str, float]]) -> SearchOutcome:
     """ANN top-k vs exact top-k: top-1 agreement and recall@k (empty exact: not checked)."""
     if not exact:
@@ -309,6 +326,54 @@ class Partition:
             start += block_rows
             self._let_lookups_in()
         return best
+
+    def ann_check_many(self, vecs: np.ndarray, scope: str | None,
+                       raws: list[list[tuple[str, float]]], k: int = SEARCH_K,
+                       block_cells: int = EXACT_BLOCK_CELLS, restarts: int = 2) -> list[SearchOutcome]:
+        """``ann_check`` for a batch of queries on one scope: one stepped exact scan whose
+        steps are matrix products, so the vectors are read once for the whole batch.
+        Same rules as the single check (lock per block, restart on change, after
+        ``restarts`` one piece under the lock); results in the order of ``vecs``."""
+        mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32).reshape(len(raws), -1))
+        # A step multiplies queries x rows; keeping that product near one single-query
+        # step keeps the lock hold (and a lookup's wait) about as short as before.
+        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BLOCK_ROWS, block_cells // max(len(mat), 1)))
+        exact = None
+        for _attempt in range(restarts + 1):
+            exact = self._exact_many_in_steps(mat, scope, k, block_rows)
+            if exact is not None:
+                break
+        if exact is None:
+            with self.lock:  # reentrant: no change can land, so this pass completes
+                exact = self._exact_many_in_steps(mat, scope, k, block_rows, step_aside=False)
+        return [ann_agreement(raw, found) for raw, found in zip(raws, exact)]
+
+    def _exact_many_in_steps(self, mat: np.ndarray, scope: str | None, k: int, block_rows: int,
+                             step_aside: bool = True) -> list[list[tuple[str, float]]] | None:
+        """Each query's exact top-k in blocks; None if the partition changed between blocks."""
+        with self.lock:
+            index, mark = self.indexes.get(scope or ""), self.mutations
+        queries = len(mat)
+        best_scores = np.zeros((queries, 0), dtype=np.float32)
+        best_ids = np.zeros((queries, 0), dtype=np.int64)
+        start = 0
+        while index is not None:
+            with self.lock:
+                if self.mutations != mark or self.indexes.get(scope or "") is not index:
+                    return None
+                if start >= index.exact_rows():
+                    return _ranked(index, best_scores, best_ids, k)  # named while unchanged
+                scores, ids = index.exact_block_many(mat, start, start + block_rows, k)
+            best_scores = np.concatenate([best_scores, scores], axis=1)
+            best_ids = np.concatenate([best_ids, ids], axis=1)
+            if best_scores.shape[1] > k:
+                keep = np.argpartition(-best_scores, k - 1, axis=1)[:, :k]
+                best_scores = np.take_along_axis(best_scores, keep, axis=1)
+                best_ids = np.take_along_axis(best_ids, keep, axis=1)
+            start += block_rows
+            if step_aside:
+                self._let_lookups_in()
+        return [[] for _ in range(queries)]
 
     def _let_lookups_in(self, max_wait_s: float = 0.005) -> None:
         """Python locks are not fair: without stepping aside, the scan would take the lock
@@ -447,6 +512,8 @@ class _EventRecord:
     latency_ms: float
     check: tuple[Partition, str | None, list] | None = None
     """(partition, scope, ANN answer) when this request was sampled for an ANN check."""
+    check_future: Future | None = None
+    """Instead of ``check``: the batched check's result to come (``AnnChecker``)."""
     similarity_mode: str = "cosine"
     score: float | None = None
     score_margin: float | None = None
@@ -468,7 +535,11 @@ class SemanticCache:
 
     Events are finished by ``event_executor`` (default: inline, in the caller; the
     service passes a ``cache_core.event_worker.EventWorker`` so that the event,
-    metrics and a sampled ANN-vs-exact check run after the answer has left)."""
+    metrics and a sampled ANN-vs-exact check run after the answer has left).
+
+    ``ann_checker`` (a ``cache_core.ann_check.AnnChecker``, optional) batches the sampled
+    checks; without it each one scans alone in the executor. The event waits for its
+    batch (up to the checker's ``max_wait_ms``), so give it a background executor only."""
 
     def __init__(self, embedder: Embedder, registry: ExperimentRegistry, *,
                  clock: Clock = time.time, event_sink: EventSink | None = None,
@@ -476,9 +547,10 @@ class SemanticCache:
                  default_ttl_s: float | None = None, max_query_chars: int = 4000,
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
-                 event_executor=None):
+                 event_executor=None, ann_checker=None):
         self.embedder = embedder
         self.event_executor = event_executor or InlineExecutor()
+        self.ann_checker = ann_checker
         self.registry = registry
         self.clock = clock
         self.event_sink = event_sink
@@ -527,6 +599,10 @@ class SemanticCache:
         req = self._request(experiment, unit_id, vecs[0], norms[0], started)
         return self._lookup_encoded(req, query, unit_id, namespace, scope)
 
+    def ann_check_stats(self) -> dict | None:
+        """The batched checker's counts (checks run, batches, drops by reason), if any."""
+        return None if self.ann_checker is None else self.ann_checker.stats()
+
     def flush_events(self, timeout_s: float = 10.0) -> bool:
         """Wait until every event handed to the executor so far has been emitted."""
         flush = getattr(self.event_executor, "flush", None)
@@ -539,7 +615,11 @@ class SemanticCache:
         arm = req.experiment.arm(req.arm_name)
         threshold = arm.threshold_for(req.cluster, req.variant)
         partition = self._partition(namespace, req.experiment, arm)
-        check_ann = self._sample(arm.ann_check_rate) and self._backlog() < MAX_CHECK_BACKLOG
+        check_ann = self._sample(arm.ann_check_rate)
+        if check_ann and self._backlog() >= MAX_CHECK_BACKLOG:
+            check_ann = False
+            if self.ann_checker is not None:
+                self.ann_checker.count_drop("backlog")
         search_started = time.perf_counter()
         partition.lookup_waiting_since = search_started
         with partition.lock:
@@ -559,8 +639,12 @@ class SemanticCache:
             similarity=shown.similarity if shown else None, index_kind=partition.spec.kind,
             search_ms=search_ms, guard=guard, entry=snapshot, ts_ms=int(now * 1000),
             latency_ms=(time.perf_counter() - req.started) * 1000,
-            check=(partition, scope, outcome.raw) if check_ann and outcome.raw else None,
             similarity_mode=arm.similarity, score=ranking.score, score_margin=ranking.score_margin)
+        if check_ann and outcome.raw:
+            if self.ann_checker is None:
+                record.check = (partition, scope, outcome.raw)
+            else:  # never blocks: a full checker drops the check (counted) and returns None
+                record.check_future = self.ann_checker.submit(partition, scope, req.vec, outcome.raw)
         pending = self._hand_off(record)
         entry = served.entry if hit else None
         return LookupResult(
@@ -878,6 +962,8 @@ class SemanticCache:
                 outcome = partition.ann_check(record.req.vec, scope, raw)
             except Exception:  # a failed check must not cost the event; it stays unchecked
                 log.exception("ANN check failed", extra={"request_id": record.req.request_id})
+        elif record.check_future is not None:
+            outcome = self.ann_checker.wait(record.check_future) or outcome
         event = self._event(record, outcome)
         pending.set(event)
         self._emit(event)

@@ -65,6 +65,13 @@ class CacheSettings(BaseModel):
     wal_fsync: bool = True
     """fsync each acknowledged store (off only for throwaway caches)."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
+    # Sampled ANN-vs-exact checks run in batches per partition (cache_core.ann_check): one
+    # exact scan for up to this many queries; 1 turns batching off (each check scans alone).
+    ann_check_batch_size: int = Field(64, ge=1)
+    ann_check_batch_wait_ms: float = Field(50.0, ge=0, le=5000)
+    """A batch runs when full or when its oldest check has waited this long (its event waits too)."""
+    ann_check_max_pending: int = Field(1024, ge=1)
+    """Checks waiting for a batch at most; beyond, new ones are dropped (counted, event unchecked)."""
 
 
 class ServiceSettings(BaseModel):

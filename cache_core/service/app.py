@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from cache_core.ann_check import AnnChecker
 from cache_core.cache import InvalidRequest, SemanticCache
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
@@ -48,13 +49,18 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
 
     Events, lookup metrics and sampled ANN checks are finished after the answer by
     ``event_executor`` (default: an ``EventWorker`` thread owned by the app, drained
-    at shutdown before the hooks run, so a publisher closed by a hook gets them all)."""
+    at shutdown before the hooks run, so a publisher closed by a hook gets them all).
+    With its own worker the app batches the ANN checks (``AnnChecker``, sized by
+    ``settings.cache.ann_check_*``; batch size 1: single checks)."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
     metrics_holder: list[ServiceMetrics] = []
     own_worker = event_executor is None
     event_executor = EventWorker() if own_worker else event_executor
+    # An event waits for its batch, so batch only behind the app's own background worker.
+    ann_checker = AnnChecker.from_settings(settings.cache) \
+        if own_worker and settings.cache.ann_check_batch_size > 1 else None
 
     def sink(event: CacheEvent) -> None:
         metrics_holder[0].observe_lookup(event)
@@ -69,6 +75,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
         default_ttl_s=settings.cache.default_ttl_s, max_query_chars=settings.cache.max_query_chars,
         max_answer_chars=settings.cache.max_answer_chars,
         emit_query_text=settings.cache.emit_query_text, event_executor=event_executor,
+        ann_checker=ann_checker,
     )
     if persistence is not None:
         persistence.open(cache)
@@ -85,6 +92,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        if ann_checker is not None:
+            ann_checker.close()  # pending checks run now, so the events waiting on them go
         if own_worker:
             event_executor.close()  # every decided lookup's event reaches the publisher
         for hook in shutdown_hooks or []:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cache_core.cache import SemanticCache
 from cache_core.events import CacheEvent
@@ -86,6 +86,7 @@ class _ScrapeTimeGauges:
             size.add_metric(list(partition.key), partition.bytes)
         yield entries
         yield size
+        yield from self._ann_checks()
         clusters = GaugeMetricFamily("scache_intent_clusters", "Intent clusters in use")
         clusters.add_metric([], float(len(self.cache.clusters)))
         yield clusters
@@ -94,3 +95,25 @@ class _ScrapeTimeGauges:
                 gauge = GaugeMetricFamily(f"scache_persistence_{name}", f"Snapshots and log: {name}")
                 gauge.add_metric([], float(value))
                 yield gauge
+
+    def _ann_checks(self):
+        """The batched ANN checker's figures (nothing when checks run singly)."""
+        stats = self.cache.ann_check_stats()
+        if stats is None:
+            return
+        dropped = CounterMetricFamily("scache_ann_checks_dropped",
+                                      "Sampled ANN checks not run (event sent unchecked)",
+                                      labels=["reason"])
+        for reason, count in stats["dropped"].items():
+            dropped.add_metric([reason], float(count))
+        yield dropped
+        for metric, key, help_text in (
+                ("scache_ann_checks_batched", "checked", "ANN checks run in batches"),
+                ("scache_ann_check_batches", "batches", "Batched exact scans run"),
+                ("scache_ann_check_cpu_seconds", "cpu_s", "CPU seconds of the batched exact scans")):
+            counter = CounterMetricFamily(metric, help_text)
+            counter.add_metric([], float(stats[key]))
+            yield counter
+        pending = GaugeMetricFamily("scache_ann_check_pending", "ANN checks waiting for a batch")
+        pending.add_metric([], float(stats["pending"]))
+        yield pending
