@@ -325,6 +325,7 @@ def multi_push_section(view: View, config, arm: str) -> None:
     multi = config.arm(arm).multi
     st.markdown(f"**Score floor and answer margin of {arm}** (multi similarity; currently floor "
                 f"{multi.threshold:.3f}, margin {multi.answer_margin:.3f})")
+    multi_recommendation(view, config, arm)
     anchor = (config.experiment_id, config.version, arm)
     cols = st.columns(2)
     floor = anchored_input("New score floor", "ctl_multi_floor", anchor, multi.threshold, cols[0],
@@ -339,6 +340,45 @@ def multi_push_section(view: View, config, arm: str) -> None:
         act_and_reload(view, lambda: control.set_multi(arm, score_floor=floor, answer_margin=margin),
                        "; ".join(moved + [reason.strip()] if reason.strip() else moved),
                        f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}")
+
+
+def multi_recommendation(view: View, config, arm: str) -> None:
+    """The auto-tune recommendation for a multi arm's floor / margin (what ``python -m
+    dashboard.autotune`` would push, with the auto-tune section's guardrails), and a button
+    that copies it into the inputs below; pushing stays a separate, explicit step."""
+    rules = queries.multi_rules(config)
+    hist = optional(view, "multi_score_histogram", view.filters, rules)
+    if hist is None:
+        return
+    history = data.run(view.settings, "change_history", view.experiment_id)
+    configs = tuning.configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id), config)
+    last = data.run(view.settings, "last_changes", view.experiment_id)
+    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    recs = [r for r in tuning.recommend_multi_all(config, hist, configs, page_guardrails(view), now_ms=now_ms(),
+                                                  last_change_ms=last_ms) if r.arm == arm]
+    if not recs:
+        st.caption(f"Auto-tune: {arm} has a running canary; its floor / margin are tuned after it ends.")
+        return
+    rec = recs[0]
+    pct = lambda x: "—" if x is None or pd.isna(x) else f"{x:.1%}"
+    if rec.action != "change":
+        st.caption(f"Auto-tune recommends no change to {arm}'s floor / margin: {rec.reason} "
+                   f"({rec.decisions} decisions; est. hit rate now {pct(rec.current_hit_rate)}).")
+        return
+    st.info(f"Auto-tune recommends score floor **{rec.recommended_floor:.3f}** and answer margin "
+            f"**{rec.recommended_margin:.3f}** for {arm}: est. hit rate {pct(rec.recommended_hit_rate)} (now "
+            f"{pct(rec.current_hit_rate)}), false-hit rate {pct(rec.false_hit_rate)} with 95% upper bound "
+            f"{pct(rec.false_hit_upper)} over {rec.labelled} labelled hits, from {rec.decisions} logged decisions "
+            f"({rec.reason}). Replayed from the logged mixed scores at the logged cosine gates, never under the "
+            f"lowest floor {rec.lowest_floor:.3f} / margin {rec.lowest_margin:.3f} they were logged at.")
+
+    def use() -> None:  # runs before the inputs are drawn again, so they show it
+        st.session_state["ctl_multi_floor"] = rec.recommended_floor
+        st.session_state["ctl_multi_margin"] = rec.recommended_margin
+        st.session_state["ctl_multi_reason"] = f"auto-tune recommendation: {rec.reason}"
+
+    st.button("Use the recommendation", key="ctl_multi_use_rec", on_click=use,
+              help="Copies it into the inputs below; nothing is pushed until you press Push.")
 
 
 def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) -> None:
@@ -430,16 +470,32 @@ def canary_section(view: View, config) -> None:
                 f"{arm.name} canary rolled back")
 
 
+def _guardrail_defaults(view: View) -> dict:
+    return {"tune_target": float(view.settings.dashboard.target_false_hit_rate), "tune_min_labelled": 30,
+            "tune_max_step": 0.03, "tune_cooldown": 1800}
+
+
+def _guardrails(target, min_labelled, max_step, cooldown) -> tuning.Guardrails:
+    return tuning.Guardrails(target_false_hit_rate=float(target), min_labelled=int(min_labelled),
+                             max_step=float(max_step), cooldown_s=float(cooldown), min_decisions=200)
+
+
+def page_guardrails(view: View) -> tuning.Guardrails:
+    """The auto-tune section's guardrails as last set (its inputs are drawn further down the page)."""
+    return _guardrails(*(st.session_state.get(k, v) for k, v in _guardrail_defaults(view).items()))
+
+
 def guardrails_from_page(view: View) -> tuning.Guardrails:
+    d = _guardrail_defaults(view)
     cols = st.columns(4)
-    target = cols[0].number_input("Target false-hit rate", 0.001, 0.5,
-                                  float(view.settings.dashboard.target_false_hit_rate), 0.005, format="%.3f",
+    target = cols[0].number_input("Target false-hit rate", 0.001, 0.5, d["tune_target"], 0.005, format="%.3f",
                                   key="tune_target")
-    min_labelled = cols[1].number_input("Min labelled hits", 0, 100_000, 30, 10, key="tune_min_labelled")
-    max_step = cols[2].number_input("Max step", 0.005, 0.5, 0.03, 0.005, format="%.3f", key="tune_max_step")
-    cooldown = cols[3].number_input("Cool-down (s)", 0, 7 * 86400, 1800, 60, key="tune_cooldown")
-    return tuning.Guardrails(target_false_hit_rate=target, min_labelled=int(min_labelled), max_step=max_step,
-                             cooldown_s=float(cooldown), min_decisions=200)
+    min_labelled = cols[1].number_input("Min labelled hits", 0, 100_000, d["tune_min_labelled"], 10,
+                                        key="tune_min_labelled")
+    max_step = cols[2].number_input("Max step", 0.005, 0.5, d["tune_max_step"], 0.005, format="%.3f",
+                                    key="tune_max_step")
+    cooldown = cols[3].number_input("Cool-down (s)", 0, 7 * 86400, d["tune_cooldown"], 60, key="tune_cooldown")
+    return _guardrails(target, min_labelled, max_step, cooldown)
 
 
 def autotune_section(view: View, config) -> None:
@@ -477,7 +533,9 @@ def autotune_section(view: View, config) -> None:
         st.caption(f"Multi-similarity arms ({', '.join(r.arm for r in rules)}): estimates re-apply each arm's "
                    "current score floor and answer margin to the logged mixed scores. Those exist only for "
                    "candidates past the cosine threshold logged at the time, so thresholds below the lowest "
-                   "logged one cannot be replayed: they are left out of the curve and never recommended.")
+                   "logged one cannot be replayed: they are left out of the curve and never recommended. "
+                   "Their score floor / answer margin recommendation is shown next to its inputs in the change "
+                   "section; the scheduled and command-line auto-tune push it directly (no canary).")
     changes = [r for r in recs if r.action == "change"]
     as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary")
     if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):

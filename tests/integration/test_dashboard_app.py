@@ -345,3 +345,41 @@ def test_push_multi_needs_the_admin_token(app_env, kafka_settings, monkeypatch, 
     at.button(key="ctl_multi_push").click().run()
     assert any("admin token" in e.value for e in at.error)
     assert _control_messages(kafka_settings) == []
+
+
+def test_multi_floor_recommendation_shown_and_copied_only_on_request(app_env, ch_settings, kafka_settings,
+                                                                      monkeypatch, tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id)
+    client = connect(ch_settings)
+    seed.seed_multi_tuning(client, experiment_id, datetime.now(timezone.utc))
+    client.close()
+    at = start()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    note = next(i.value for i in at.info if "Auto-tune recommends score floor" in i.value)
+    assert f"score floor **{seed.MULTI_TUNED_FLOOR:.3f}** and answer margin **0.005**" in note
+    assert "over 425 labelled hits, from 1000 logged decisions" in note and "false-hit rate 2.4% with 95% upper bound 4.0%" in note
+    # shown, not applied: the inputs keep the arm's current values until the button is pressed
+    assert at.number_input(key="ctl_multi_floor").value == pytest.approx(0.5)
+    at.button(key="ctl_multi_use_rec").click().run()
+    assert at.number_input(key="ctl_multi_floor").value == pytest.approx(seed.MULTI_TUNED_FLOOR)
+    assert at.number_input(key="ctl_multi_margin").value == pytest.approx(0.005)
+    assert _control_messages(kafka_settings) == []  # copying pushes nothing
+    at.text_input(key="ctl_actor").input("tester")
+    at.button(key="ctl_multi_push").click().run()
+    assert not at.error, [e.value for e in at.error]
+    (pushed,) = _control_messages(kafka_settings)
+    assert pushed.experiment.arm("control").multi.threshold == pytest.approx(seed.MULTI_TUNED_FLOOR)
+    assert pushed.reason.startswith("score floor 0.500 → 0.515; auto-tune recommendation: best hit rate")
+    # After the push the arm is in its cool-down: no recommendation, and the panel says why.
+    assert "ctl_multi_use_rec" not in [b.key for b in at.button]
+    assert "Auto-tune recommends no change to control's floor / margin: cool-down" in _texts(at)
+
+
+def test_multi_arm_without_mixed_scores_says_why_no_recommendation(app_env, tmp_path):
+    experiment_id, start = app_env
+    seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id)
+    at = start()
+    assert "Auto-tune recommends no change to control's floor / margin: only 0 logged decisions" in _texts(at)
+    assert "ctl_multi_use_rec" not in [b.key for b in at.button]
