@@ -448,10 +448,12 @@ def multi_table(score_hist: pd.DataFrame, floors, margins, *, lowest_floor: floa
         margin = pd.to_numeric(hist["margin_milli"], errors="coerce").astype("float64").fillna(np.inf).to_numpy()
         first_score = np.ceil(pairs[:, 0] / BIN_WIDTH - 1e-9)
         first_margin = np.ceil(pairs[:, 1] / BIN_WIDTH - 1e-9)
-        passes = (score[None, :] >= first_score[:, None]) & (margin[None, :] >= first_margin[:, None])
-        count = lambda col: passes.astype("int64") @ hist[col].to_numpy("int64")
-        served, wrong = count("servable"), count("wrong")
-        labelled = wrong + count("correct")
+        values = hist[["servable", "correct", "wrong"]].to_numpy("int64")
+        # One pass per pair (a few hundred at most) keeps memory at one mask of the rows.
+        sums = np.array([values[(score >= fs) & (margin >= fm)].sum(axis=0)
+                         for fs, fm in zip(first_score, first_margin)], dtype="int64").reshape(-1, 3)
+        served, wrong = sums[:, 0], sums[:, 2]
+        labelled = sums[:, 1] + wrong
     rows = []
     for (f, m), hits, n, w in zip(pairs, served, labelled, wrong):
         stat = ProportionStat(int(n), int(w))
