@@ -224,7 +224,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lookback-s", type=float, default=DEFAULT_LOOKBACK_S)
     p.add_argument("--clusters", action="store_true", help="also tune per intent cluster")
     p.add_argument("--canary-share", type=float, default=DEFAULT_CANARY_SHARE,
-                   help="share of an arm's units that try a change first (0: push directly)")
+                   help="share of an arm's units that try a threshold change first (0: push directly; "
+                        "multi arms' floor / margin always go out directly)")
     p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
     p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
     p.add_argument("--actor", default="autotune")
