@@ -1,22 +1,29 @@
 """The control topic: experiment configs flowing from the dashboard to every cache instance.
 
-The topic is compacted by experiment id, so reading it from the beginning yields the
-latest config of every experiment. Each cache instance runs a ControlListener: a
-consumer with no consumer group (every instance must see every message, and none
-commits offsets) that replays the topic and then follows it.
+Every record is keyed ``<experiment id>/v<version>/<message id>`` (``control_key``), so
+compaction never drops a change (see infra/kafka/topics.py for why); records keyed by
+the experiment id alone (written before) are still read. Which record is in force is
+decided by ``cache_core.registry.ControlFold`` alone, for every reader. Each cache
+instance runs a ControlListener: a consumer with no consumer group (every instance
+must see every message, and none commits offsets) that replays the topic and then
+follows it.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from pydantic import ValidationError
 
 from cache_core.events import ControlMessage
+from cache_core.experiments import ExperimentConfig
+from cache_core.registry import ControlFold, ControlRecord
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -26,6 +33,26 @@ MAX_RETRY_S = 10.0
 
 class ControlError(RuntimeError):
     """The control topic could not be written or read."""
+
+
+@dataclass(frozen=True)
+class PublishedControl:
+    """Where the broker stored a control message (known once it acknowledged it)."""
+
+    key: bytes
+    partition: int
+    offset: int
+
+
+KEY_SEPARATOR = "/"  # never in an experiment id (ExperimentConfig: [A-Za-z0-9_.-]+)
+
+
+def control_key(msg: ControlMessage, message_id: str | None = None) -> bytes:
+    """``<experiment id>/v<version>/<message id>``: unique per message, so compaction
+    keeps every change, while staying readable in a console consumer."""
+    message_id = message_id or uuid.uuid4().hex
+    return KEY_SEPARATOR.join((msg.experiment.experiment_id, f"v{msg.experiment.version}",
+                               message_id)).encode()
 
 
 def _consumer(kafka: KafkaSettings, timeout_s: float, suffix: str) -> KafkaConsumer:
@@ -59,23 +86,30 @@ def parse_control(value: bytes | None) -> ControlMessage:
 class ControlListener:
     """Replays the control topic from the beginning, then follows it, in a background thread.
 
-    ``on_message`` is called in that thread, in topic order. Malformed messages and
-    handler exceptions are logged, counted in ``stats()``, and skipped. If the broker
-    is down (at start or later), the listener keeps retrying and resumes where it was.
+    Handlers are called in that thread, in topic order: ``on_record`` gets every record
+    (tombstones and unreadable values as a ControlRecord without message, since they
+    still remove the earlier record with their key: what ``ExperimentRegistry.apply_record``
+    folds); ``on_message`` gets only the valid messages. Malformed messages and handler
+    exceptions are logged, counted in ``stats()``, and skipped. If the broker is down
+    (at start or later), the listener keeps retrying and resumes where it was.
     """
 
-    def __init__(self, kafka: KafkaSettings, on_message: Callable[[ControlMessage], None],
-                 poll_timeout_s: float = 0.5, retry_s: float = 1.0):
+    def __init__(self, kafka: KafkaSettings, on_message: Callable[[ControlMessage], None] | None = None,
+                 poll_timeout_s: float = 0.5, retry_s: float = 1.0, *,
+                 on_record: Callable[[ControlRecord], None] | None = None):
+        if (on_message is None) == (on_record is None):
+            raise ValueError("give exactly one of on_message and on_record")
         self.kafka = kafka
         self.on_message = on_message
+        self.on_record = on_record
         self.poll_timeout_s = poll_timeout_s
         self.retry_s = retry_s
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._positions: dict[TopicPartition, int] = {}
         self._targets: dict[TopicPartition, int] = {}
-        self._counts = dict.fromkeys(("received", "applied", "malformed", "handler_errors",
-                                      "reconnects"), 0)
+        self._counts = dict.fromkeys(("received", "applied", "malformed", "tombstones",
+                                      "handler_errors", "reconnects"), 0)
         self._thread: threading.Thread | None = None
 
     def start(self) -> ControlListener:
@@ -142,26 +176,27 @@ class ControlListener:
             batches = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000))
             for tp, records in batches.items():
                 for record in records:
-                    self._handle(record.value, tp, record.offset)
+                    self._handle(record.key, record.value, tp, record.offset)
             self._check_caught_up(consumer)
 
-    def _handle(self, value: bytes | None, tp: TopicPartition, offset: int) -> None:
+    def _handle(self, key: bytes | None, value: bytes | None, tp: TopicPartition, offset: int) -> None:
         self._positions[tp] = offset + 1
         self._counts["received"] += 1
+        msg = _parse_record(key, value, tp.partition, offset)
+        if msg is None:
+            self._counts["tombstones" if value is None else "malformed"] += 1
+            if self.on_record is None:
+                return
         try:
-            msg = parse_control(value)
-        except ValueError as exc:
-            self._counts["malformed"] += 1
-            log.error("skipping malformed control message",
-                      extra={"partition": tp.partition, "offset": offset, "error": str(exc)})
-            return
-        try:
-            self.on_message(msg)
+            if self.on_record is not None:
+                self.on_record(ControlRecord(key, msg, offset))
+            else:
+                self.on_message(msg)
             self._counts["applied"] += 1
         except Exception:
             self._counts["handler_errors"] += 1
             log.exception("control handler failed", extra={
-                "offset": offset, "experiment_id": msg.experiment.experiment_id})
+                "offset": offset, "experiment_id": msg.experiment.experiment_id if msg else None})
 
     def _check_caught_up(self, consumer: KafkaConsumer) -> None:
         # The consumer's position, not the last offset seen: compaction leaves gaps.
@@ -172,8 +207,10 @@ class ControlListener:
             log.info("control topic replayed", extra={"messages": self._counts["received"]})
 
 
-def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float = 10) -> None:
-    """Write one control message and wait for the broker's ack (acks=all)."""
+def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float = 10) -> PublishedControl:
+    """Write one control message under a fresh unique key and wait for the broker's ack
+    (acks=all); returns where it was stored. Whether it won is for the fold to say
+    (``read_control`` up to that offset): a concurrent push may have claimed its version."""
     ms = int(timeout_s * 1000)
     target = f"topic {kafka.control_topic!r} at {kafka.bootstrap_servers}"
     try:
@@ -185,19 +222,24 @@ def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float 
         )
     except KafkaError as exc:
         raise ControlError(f"cannot connect to Kafka for {target}: {exc}") from exc
+    key = control_key(msg)
     try:
-        future = producer.send(kafka.control_topic, key=msg.kafka_key(),
-                               value=msg.model_dump_json().encode())
-        future.get(timeout=timeout_s)
+        future = producer.send(kafka.control_topic, key=key, value=msg.model_dump_json().encode())
+        meta = future.get(timeout=timeout_s)
     except KafkaError as exc:
         raise ControlError(f"control message for experiment {msg.experiment.experiment_id!r} "
                            f"not acknowledged by {target}: {exc}") from exc
     finally:
         _close_quietly(producer)
+    return PublishedControl(key=key, partition=meta.partition, offset=meta.offset)
 
 
-def read_latest_configs(kafka: KafkaSettings, timeout_s: float = 5) -> dict[str, ControlMessage]:
-    """The latest control message per experiment id, reading the topic up to its end offsets.
+def read_control(kafka: KafkaSettings, timeout_s: float = 5, *,
+                 base: Mapping[str, ExperimentConfig] | None = None,
+                 until: PublishedControl | None = None) -> ControlFold:
+    """Fold the control topic from its beginning (over ``base``, e.g. the experiments file)
+    up to its end offsets, or with ``until`` up to and including that record (its own
+    partition; other partitions to their end).
 
     Raises ControlError if Kafka cannot be reached or the end is not reached in time.
     """
@@ -206,12 +248,17 @@ def read_latest_configs(kafka: KafkaSettings, timeout_s: float = 5) -> dict[str,
         consumer = _consumer(kafka, timeout_s, suffix="control-reader")
     except KafkaError as exc:
         raise ControlError(f"cannot connect to Kafka at {kafka.bootstrap_servers}: {exc}") from exc
-    latest: dict[str, ControlMessage] = {}
+    fold = ControlFold(base)
     try:
         tps = _control_partitions(consumer, kafka.control_topic)
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
+        if until is not None:
+            mine = TopicPartition(kafka.control_topic, until.partition)
+            if mine not in ends:
+                raise ControlError(f"control topic {kafka.control_topic!r} has no partition {until.partition}")
+            ends[mine] = until.offset + 1
         while any((consumer.position(tp, timeout_ms=int(timeout_s * 1000)) or 0) < ends[tp]
                   for tp in tps):
             remaining = deadline - time.monotonic()
@@ -220,25 +267,33 @@ def read_latest_configs(kafka: KafkaSettings, timeout_s: float = 5) -> dict[str,
                                    f"within {timeout_s}s")
             for tp, records in consumer.poll(timeout_ms=int(min(remaining, 0.5) * 1000)).items():
                 for record in records:
-                    _keep_latest(latest, record.key, record.value, record.offset)
+                    if record.offset < ends[tp]:
+                        fold.offer(record.key, _parse_record(record.key, record.value, tp.partition,
+                                                             record.offset))
     except KafkaError as exc:
         raise ControlError(f"reading control topic {kafka.control_topic!r} failed: {exc}") from exc
     finally:
         _close_quietly(consumer)
-    return latest
+    return fold
 
 
-def _keep_latest(latest: dict[str, ControlMessage], key: bytes | None, value: bytes | None,
-                 offset: int) -> None:
-    if value is None and key is not None:
-        latest.pop(key.decode(errors="replace"), None)  # tombstone: experiment removed
-        return
+def read_latest_configs(kafka: KafkaSettings, timeout_s: float = 5) -> dict[str, ControlMessage]:
+    """The winning control message per experiment id (``ControlFold``), reading the topic
+    up to its end offsets. Raises ControlError like ``read_control``."""
+    return read_control(kafka, timeout_s).messages()
+
+
+def _parse_record(key: bytes | None, value: bytes | None, partition: int, offset: int) -> ControlMessage | None:
+    """The record's message; None for a tombstone or (logged) an unreadable value."""
+    if value is None:
+        return None
     try:
-        msg = parse_control(value)
+        return parse_control(value)
     except ValueError as exc:
-        log.warning("skipping malformed control message", extra={"offset": offset, "error": str(exc)})
-        return
-    latest[msg.experiment.experiment_id] = msg
+        log.error("skipping malformed control message", extra={
+            "partition": partition, "offset": offset, "key": key.decode(errors="replace") if key else None,
+            "error": str(exc)})
+        return None
 
 
 def _close_quietly(client: KafkaConsumer | KafkaProducer) -> None:

@@ -92,7 +92,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         except PersistenceError as exc:
             log.error("cannot start: %s", exc)
             return 2
-        listener.append(ControlListener(settings.kafka, on_message=app.state.registry.apply))
+        listener.append(ControlListener(settings.kafka, on_record=app.state.registry.apply_record))
         listener[0].start()
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,

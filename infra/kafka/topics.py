@@ -1,9 +1,25 @@
 """Explicit, idempotent creation of scache's topics (the broker never auto-creates).
 
 - events: cache decisions and heartbeats, keyed by unit, time-retained.
-- control: full experiment configs keyed by experiment id, compacted, one partition
-  (a single total order of config changes; every cache instance replays it at start).
+- control: full experiment configs, compacted, one partition (a single total order of
+  config changes; every cache instance replays it at start). See below for its keys.
 - feedback: verdicts keyed by request id, time-retained.
+
+Control keys. Which config is in force is decided by one fold over the partition
+(cache_core.registry.ControlFold): a message wins iff its version is higher than
+the winner so far, so when two pushes race from the same version, the *first* one
+in partition order wins on every running instance. Keyed by experiment id alone,
+compaction would then keep only the *second* (the loser), and every reader that
+starts later would disagree with the running caches. So each record has its own key,
+``<experiment id>/v<version>/<message id>`` (cache_core.control.control_key, the
+message id a fresh UUID): no record ever shares a key with another, compaction
+removes nothing, and the fold gives the same winners before and after the cleaner
+runs. (The fold also lets a record remove the earlier one with its key, as compaction
+does, which keeps records keyed the old way, by experiment id alone, reading exactly
+as the cleaner leaves them.) The price is one record per config change kept forever:
+configs change a few times a day at most, a few KB each. Removing an experiment
+means a tombstone for each of its keys; nothing in scache does that today.
+Compaction is still on for the old-format keys and for such tombstones.
 """
 from __future__ import annotations
 
