@@ -1,13 +1,18 @@
 """Control-panel logic, free of any UI: config pushes, canaries, rollback, what-if.
 
-A push re-reads the experiment's current config right before publishing (the latest
-version on the compacted control topic, else the experiments file), refuses if it
-moved past the version the caller loaded (optimistic concurrency), applies one
-change (arm threshold, cluster threshold, canary start / promote / rollback, a multi
-arm's score floor / answer margin, or a restore of an earlier config's thresholds), publishes the full new config with
-``version + 1`` on the control topic (the cache applies it), and records it in
+A push re-reads the experiment's current config right before publishing (the control
+topic folded over the experiments file by ``cache_core.registry.ControlFold``, the
+rule every cache instance applies), refuses if it moved past the version the caller
+loaded (optimistic concurrency), applies one change (arm threshold, cluster
+threshold, canary start / promote / rollback, a multi arm's score floor / answer
+margin, or a restore of an earlier config's thresholds), publishes the full new
+config with ``version + 1`` on the control topic, then confirms it won: it folds the
+topic up to its own record, and if another push claimed that version first (two
+dashboards, or a person and ``dashboard.autotune``, racing from the same version),
+raises VersionConflict naming the winner. Only a confirmed push is recorded in
 ClickHouse: one audit row per changed arm in ``threshold_changes`` and the new
-definition in ``experiments``.
+definition in ``experiments``; the loser's record stays on the topic but wins
+nowhere, and nothing of it is audited.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -26,8 +32,12 @@ from pydantic import ValidationError
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, MultiSimilarityConfig,
                                     load_experiments)
+from cache_core.registry import Winner
 from cache_core.settings import Settings
 from dashboard.tuning import servable
+
+if TYPE_CHECKING:
+    from cache_core.control import PublishedControl
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +52,8 @@ EXPERIMENT_COLUMNS = ["experiment_id", "version", "config_json", "updated_by", "
 
 # Pushes from one dashboard process (every Streamlit session is a thread) are
 # serialised, so the re-read + publish below cannot interleave between sessions;
-# across processes the version check narrows the window to the publish itself.
+# across processes the version check narrows the window to the publish itself, and
+# the confirmation after it tells the loser of a race in that window.
 _PUSH_LOCK = threading.Lock()
 
 Change = Callable[[ExperimentConfig], ExperimentConfig]
@@ -50,13 +61,26 @@ Change = Callable[[ExperimentConfig], ExperimentConfig]
 
 
 class VersionConflict(ValueError):
-    """The config moved on since the caller loaded it; nothing was published."""
+    """The config moved on since the caller loaded it: nothing was published, or (with
+    ``lost``) the push was published but another one had claimed its version first, so
+    it is in force nowhere and was not audited."""
 
-    def __init__(self, experiment_id: str, expected: int, current: ExperimentConfig) -> None:
-        super().__init__(
-            f"experiment {experiment_id!r} is now at config version {current.version} "
-            f"(by {current.updated_by}), not version {expected} you loaded; reload and try again")
+    def __init__(self, experiment_id: str, expected: int | None, current: ExperimentConfig, *,
+                 lost: ControlMessage | None = None) -> None:
+        if lost is None:
+            text = (f"experiment {experiment_id!r} is now at config version {current.version} "
+                    f"(by {current.updated_by}), not version {expected} you loaded; reload and try again")
+        elif current.version == lost.experiment.version:
+            text = (f"experiment {experiment_id!r}: config version {current.version} was claimed first by "
+                    f"{current.updated_by}; your push of that version lost the race, applies nowhere and "
+                    "was not audited; reload and try again")
+        else:
+            text = (f"experiment {experiment_id!r} is at config version {current.version} (by "
+                    f"{current.updated_by}), ahead of your push of version {lost.experiment.version}, which "
+                    "lost the race, applies nowhere and was not audited; reload and try again")
+        super().__init__(text)
         self.current = current
+        self.lost = lost
 
 
 class AuditWriteError(RuntimeError):
@@ -91,17 +115,27 @@ def _validate_actor(actor: str, reason: str) -> tuple[str, str]:
 
 
 def current_config(settings: Settings, experiment_id: str) -> ExperimentConfig:
-    """The live config: latest on the control topic, else the experiments file."""
+    """The live config: the control topic's winner over the experiments file
+    (``ControlFold``, as every cache instance decides it)."""
+    return _live_winner(settings, experiment_id).config
+
+
+def _file_base(settings: Settings) -> dict[str, ExperimentConfig]:
+    try:
+        return load_experiments(settings.experiments_file)
+    except ValueError as exc:  # no usable file: the topic alone may still know the experiment
+        log.warning("experiments file not usable, reading the control topic alone", extra={"error": str(exc)})
+        return {}
+
+
+def _live_winner(settings: Settings, experiment_id: str, until: PublishedControl | None = None) -> Winner:
     # Imported here so the what-if helpers load without a Kafka client.
-    from cache_core.control import read_latest_configs
-    latest = read_latest_configs(settings.kafka)
-    if experiment_id in latest:
-        return latest[experiment_id].experiment
-    from_file = load_experiments(settings.experiments_file)
-    if experiment_id in from_file:
-        return from_file[experiment_id]
-    known = sorted(set(latest) | set(from_file))
-    raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {known}")
+    from cache_core.control import read_control
+    fold = read_control(settings.kafka, base=_file_base(settings), until=until)
+    winner = fold.winner(experiment_id)
+    if winner is None:
+        raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {sorted(fold.winners())}")
+    return winner
 
 
 def _replace_arm(config: ExperimentConfig, arm: str, **fields) -> ExperimentConfig:
@@ -318,12 +352,16 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
 
     ``expected_version`` is the version the caller based the change on; if the
     control topic has moved past it, VersionConflict is raised and nothing is
-    published (None skips the check, for scripts that want last-writer-wins).
-    Raises ValueError for bad input before anything is published, and
-    AuditWriteError if the change went out but ClickHouse did not take the audit rows.
+    published (None skips this check, for scripts that want last-writer-wins).
+    Either way the published push must then win its version (see the module
+    docstring): if a concurrent push claimed it first, VersionConflict (``lost`` set)
+    is raised and nothing is audited. Raises ValueError for bad input before anything
+    is published, ControlError if the push went out but could not be confirmed (then
+    nothing is audited either; reload to see what is in force), and AuditWriteError
+    if the change won but ClickHouse did not take the audit rows.
     """
     from cache_core.chclient import connect
-    from cache_core.control import publish_control
+    from cache_core.control import ControlError, publish_control
 
     actor, reason = _validate_actor(actor, reason)
     with _PUSH_LOCK:
@@ -336,9 +374,25 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
         if not arms:
             raise ValueError("the change leaves every arm as it is; nothing to push")
         message = ControlMessage(experiment=updated, actor=actor, reason=reason, ts_ms=at_ms)
-        publish_control(settings.kafka, message)
+        published = publish_control(settings.kafka, message)
+        # Another process may have published the same version between our read and our
+        # send: the fold up to our own record says which came first (records after it
+        # cannot take this version from us).
+        try:
+            winner = _live_winner(settings, experiment_id, until=published)
+        except (ControlError, ValueError) as exc:
+            raise ControlError(
+                f"config version {updated.version} of {experiment_id!r} was published (offset "
+                f"{published.offset}) but whether it won could not be confirmed: {exc}; nothing was "
+                "audited, reload to see the config in force") from exc
+    if winner.key != published.key:
+        log.warning("config push lost to a concurrent push", extra={
+            "experiment_id": experiment_id, "version": updated.version, "actor": actor,
+            "winner_version": winner.config.version, "winner_actor": winner.config.updated_by,
+            "offset": published.offset})
+        raise VersionConflict(experiment_id, expected_version, winner.config, lost=message)
     log.info("config pushed", extra={"experiment_id": experiment_id, "arms": arms,
-                                     "version": updated.version, "actor": actor})
+                                     "version": updated.version, "actor": actor, "offset": published.offset})
     try:
         record_change(client if client is not None else connect(settings.clickhouse), message, arms,
                       {a: current.arm(a).threshold for a in arms}, current.version)

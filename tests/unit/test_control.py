@@ -228,3 +228,17 @@ def test_multi_audit_row_keeps_the_threshold_and_carries_the_new_margin():
     row = dict(zip(control.THRESHOLD_CHANGE_COLUMNS, control.audit_rows(msg, "mixed", 0.8, 7)[0]))
     assert (row["old_threshold"], row["new_threshold"], row["new_version"]) == (0.8, 0.8, 8)
     assert json.loads(row["config_json"])["arms"][1]["multi"]["answer_margin"] == 0.02
+
+
+def _by(version: int, actor: str) -> ExperimentConfig:
+    return CONFIG.model_copy(update={"version": version, "updated_by": actor})
+
+
+def test_the_loser_of_a_push_race_is_told_who_won_at_which_version():
+    mine = ControlMessage(experiment=_by(8, "alice"), actor="alice")
+    same = control.VersionConflict("exp", 7, _by(8, "bob"), lost=mine)
+    assert "version 8 was claimed first by bob" in str(same) and "not audited" in str(same)
+    ahead = control.VersionConflict("exp", None, _by(9, "carol"), lost=mine)
+    assert "at config version 9 (by carol), ahead of your push of version 8" in str(ahead)
+    assert ahead.lost is mine and ahead.current.version == 9
+    assert "not version 7 you loaded" in str(control.VersionConflict("exp", 7, _by(8, "bob")))
