@@ -385,8 +385,19 @@ def main() -> int:
     status = wait_for_status(client, "RUNNING", RUNNING_TIMEOUT_S)
     print(f"{RUNNING_MARKER} job_id={job_id} status={status} start_s={time.monotonic() - started:.1f}",
           flush=True)
+    if detached(t_env):
+        return 0 if status == "RUNNING" else 1
     client.get_job_execution_result().result()
     return 0
+
+
+def detached(t_env: StreamTableEnvironment) -> bool:
+    """Submitted with ``flink run -d``: the cluster keeps the job, so the client must return
+    (waiting for the result would never end). The embedded mini-cluster lives in this
+    process (target ``local``), so there the main waits for the job."""
+    config = t_env.get_config()
+    return (config.get("execution.target", "local") != "local"
+            and config.get("execution.attached", "true") == "false")
 
 
 def wait_for_status(client, wanted: str, timeout_s: float) -> str:
