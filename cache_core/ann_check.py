@@ -7,7 +7,10 @@ checks by (partition, scope) and runs a group as one ``Partition.ann_check_many`
 once it holds ``batch_size`` checks or its oldest has waited ``max_wait_ms``. The
 request's event still waits for its own result (``wait``) in the event executor,
 so events keep their decision order and carry ann_checked / ann_agree /
-ann_recall_at_k as with single checks.
+ann_recall_at_k as with single checks. That wait holds the events behind it: when
+the event backlog grows past half the level at which the cache stops sampling
+checks (looked at every few ms while waiting), the waiting event hurries its group:
+it runs before its deadline.
 
 ``close`` drains: every pending group runs at once (no waiting for its deadline),
 then the thread stops; a check submitted after that is dropped ("closed").
@@ -18,6 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 # Drops are logged at most this often (with the count since the last line).
 DROP_LOG_INTERVAL_S = 10.0
 DROP_REASONS = ("queue_full", "closed", "backlog", "timeout", "failed")
+# How often a waiting event looks whether it should hurry its batch.
+HURRY_POLL_S = 0.005
 
 
 @dataclass
@@ -43,6 +49,8 @@ class _Group:
     scope: str | None
     opened: float
     items: list[_Pending] = field(default_factory=list)
+    hurry: bool = False
+    """An event waits on it while the event backlog grows: run it without its deadline."""
 
 
 class AnnChecker:
@@ -91,6 +99,7 @@ class AnnChecker:
                 if group is None:
                     group = self._groups[key] = _Group(partition, scope, time.monotonic())
                 future: Future = Future()
+                future.scache_group = group  # lets ``wait(hurry=True)`` find it
                 group.items.append(_Pending(vec, raw, future))
                 self._pending += 1
                 self._counts["submitted"] += 1
@@ -119,13 +128,33 @@ class AnnChecker:
 
     # -- event side -------------------------------------------------------------------
 
-    def wait(self, future: Future):
-        """The check's SearchOutcome, or None (unchecked) if it did not come in time."""
-        try:
-            return future.result(timeout=self.result_timeout_s)
-        except FutureTimeout:
-            self.count_drop("timeout")
-            return None
+    def wait(self, future: Future, hurry: Callable[[], bool] | None = None):
+        """The check's SearchOutcome, or None (unchecked) if it did not come in time.
+
+        ``hurry`` (polled while waiting): True once the caller's queue is filling up
+        behind this wait (events leave in order); the check's group then runs at once
+        instead of at its deadline."""
+        deadline = time.monotonic() + self.result_timeout_s
+        hurried = hurry is None
+        while True:
+            if not hurried and hurry():
+                hurried = True
+                self._hurry(future)
+            remaining = deadline - time.monotonic()
+            try:
+                return future.result(timeout=max(0.0, remaining if hurried else min(remaining, HURRY_POLL_S)))
+            except FutureTimeout:
+                if time.monotonic() >= deadline:
+                    self.count_drop("timeout")
+                    return None
+
+    def _hurry(self, future: Future) -> None:
+        with self._cond:
+            group = getattr(future, "scache_group", None)
+            if group is not None and not group.hurry:
+                group.hurry = True
+                self._counts["hurried"] += 1
+                self._cond.notify()
 
     # -- lifecycle and figures --------------------------------------------------------
 
@@ -142,6 +171,7 @@ class AnnChecker:
         with self._cond:
             out = {"submitted": self._counts["submitted"], "checked": self._counts["checked"],
                    "batches": self._counts["batches"], "pending": self._pending,
+                   "hurried": self._counts["hurried"],
                    "cpu_s": self._counts["cpu_us"] / 1e6}
             out["dropped"] = {reason: self._dropped[reason] for reason in DROP_REASONS}
         return out
@@ -162,14 +192,17 @@ class AnnChecker:
             now = time.monotonic()
             due = None
             for key, group in self._groups.items():
-                if (self._closed or len(group.items) >= self.batch_size
+                if (self._closed or group.hurry or len(group.items) >= self.batch_size
                         or now - group.opened >= self.max_wait_s):
                     due = key
                     break
             if due is not None:
                 group = self._groups.pop(due)
                 if len(group.items) > self.batch_size:  # the rest opens a new group, due at once
-                    rest = _Group(group.partition, group.scope, group.opened, group.items[self.batch_size:])
+                    rest = _Group(group.partition, group.scope, group.opened,
+                                  group.items[self.batch_size:], hurry=group.hurry)
+                    for pending in rest.items:
+                        pending.future.scache_group = rest
                     group.items = group.items[:self.batch_size]
                     self._groups[due] = rest
                 return group
@@ -196,4 +229,5 @@ class AnnChecker:
                 self._counts["checked"] += len(group.items)
                 self._counts["batches"] += 1
         for i, pending in enumerate(group.items):
+            pending.future.scache_group = None  # no cycle future -> group -> future
             pending.future.set_result(None if outcomes is None else outcomes[i])

@@ -76,8 +76,11 @@ SHARED_ARM = "*"
 # The background ANN check scans the exact twin in steps of this many rows, releasing
 # the partition lock in between (about 0.2 ms per step with 384 dimensions).
 EXACT_BLOCK_ROWS = 2048
-# A batched check's locked step multiplies at most this many query x row pairs (64
-# queries: 512 rows, about the hold of one single-query step), never under this many rows.
+# A batched check steps through EXACT_BLOCK_ROWS rows too, but a step multiplies at most
+# this many query x row pairs (16 queries: 2048 rows, 64: 512), so its lock hold stays
+# about 1 ms (10^5 x 384, one thread: a full pass costs ~25 ms for 1 query, ~45 ms
+# for 8, ~150 ms for 64), and never goes under EXACT_BLOCK_MIN_ROWS rows.
+EXACT_BATCH_BLOCK_ROWS = EXACT_BLOCK_ROWS
 EXACT_BLOCK_CELLS = EXACT_BLOCK_ROWS * 16
 EXACT_BLOCK_MIN_ROWS = 256
 # Sampled ANN checks are skipped while this many events wait to be finished.
@@ -204,12 +207,15 @@ class SearchOutcome:
     """What the ANN structure returned (before dropping expired entries)."""
 
 
-def _ranked(index: VectorIndex, scores: np.ndarray, ids: np.ndarray,
+def _ranked(index: VectorIndex, scores: list[np.ndarray], ids: list[np.ndarray],
             k: int) -> list[list[tuple[str, float]]]:
-    """Per query, (entry_id, score) best first from a batched scan's survivors; like
-    ``exact_block``, an id that is no longer live is left out."""
+    """Per query, (entry_id, score) best first from the blocks' top-k of a batched scan;
+    like ``exact_block``, an id that is no longer live is left out."""
+    if not scores:
+        return []
+    scores_all, ids_all = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
     out = []
-    for row_scores, row_ids in zip(scores, ids):
+    for row_scores, row_ids in zip(scores_all, ids_all):
         order = np.argsort(-row_scores, kind="stable")[:k]
         names = index.labels(row_ids[order])
         out.append([(name, float(row_scores[i])) for name, i in zip(names, order) if name is not None])
@@ -335,9 +341,9 @@ class Partition:
         Same rules as the single check (lock per block, restart on change, after
         ``restarts`` one piece under the lock); results in the order of ``vecs``."""
         mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32).reshape(len(raws), -1))
-        # A step multiplies queries x rows; keeping that product near one single-query
-        # step keeps the lock hold (and a lookup's wait) about as short as before.
-        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BLOCK_ROWS, block_cells // max(len(mat), 1)))
+        # A step multiplies queries x rows; bounding that product keeps the lock hold
+        # (and a lookup's wait) about as short as a single-query step's.
+        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BATCH_BLOCK_ROWS, block_cells // max(len(mat), 1)))
         exact = None
         for _attempt in range(restarts + 1):
             exact = self._exact_many_in_steps(mat, scope, k, block_rows)
@@ -354,22 +360,17 @@ class Partition:
         with self.lock:
             index, mark = self.indexes.get(scope or ""), self.mutations
         queries = len(mat)
-        best_scores = np.zeros((queries, 0), dtype=np.float32)
-        best_ids = np.zeros((queries, 0), dtype=np.int64)
+        scores, ids = [], []  # each block's top-k per query; merged once at the end
         start = 0
         while index is not None:
             with self.lock:
                 if self.mutations != mark or self.indexes.get(scope or "") is not index:
                     return None
                 if start >= index.exact_rows():
-                    return _ranked(index, best_scores, best_ids, k)  # named while unchanged
-                scores, ids = index.exact_block_many(mat, start, start + block_rows, k)
-            best_scores = np.concatenate([best_scores, scores], axis=1)
-            best_ids = np.concatenate([best_ids, ids], axis=1)
-            if best_scores.shape[1] > k:
-                keep = np.argpartition(-best_scores, k - 1, axis=1)[:, :k]
-                best_scores = np.take_along_axis(best_scores, keep, axis=1)
-                best_ids = np.take_along_axis(best_ids, keep, axis=1)
+                    return _ranked(index, scores, ids, k)  # named while unchanged
+                block_scores, block_ids = index.exact_block_many(mat, start, start + block_rows, k)
+            scores.append(block_scores)
+            ids.append(block_ids)
             start += block_rows
             if step_aside:
                 self._let_lookups_in()
@@ -963,7 +964,10 @@ class SemanticCache:
             except Exception:  # a failed check must not cost the event; it stays unchecked
                 log.exception("ANN check failed", extra={"request_id": record.req.request_id})
         elif record.check_future is not None:
-            outcome = self.ann_checker.wait(record.check_future) or outcome
+            # Events leave in order, so this wait holds the ones behind it: past half the
+            # backlog at which sampling stops, the batch runs now rather than at its deadline.
+            outcome = self.ann_checker.wait(
+                record.check_future, hurry=lambda: self._backlog() >= MAX_CHECK_BACKLOG // 2) or outcome
         event = self._event(record, outcome)
         pending.set(event)
         self._emit(event)

@@ -4,6 +4,7 @@ counts, a shutdown that drains, and the events that carry the results."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -224,6 +225,24 @@ def test_a_result_that_does_not_come_in_time_is_counted_as_a_timeout():
     assert checker.wait(future) is None and checker.stats()["dropped"]["timeout"] == 1
     checker.close()
     assert future.result(timeout=1).ann_checked  # close still ran it
+
+
+def test_an_event_waiting_while_the_backlog_grows_hurries_its_batch():
+    executor = ManualExecutor()
+    checker = AnnChecker(batch_size=1000, max_wait_ms=60_000)
+    cache, _, sink, _ = filled_cache("flat", entries=60, event_executor=executor, ann_checker=checker)
+    for i in range(0, 40, 10):
+        cache.lookup(f"t{i}", unit_id="u")
+    # The first event starts waiting with a short backlog, which then grows (lookups keep
+    # coming while events wait): past half of MAX_CHECK_BACKLOG its batch runs at once.
+    threading.Timer(0.2, lambda: setattr(executor, "extra_backlog", 40)).start()
+    started = time.perf_counter()
+    executor.run_all()
+    assert 0.15 < time.perf_counter() - started < 5.0  # not the minute-long deadline
+    assert len(sink.events) == 4 and all(e.ann_checked for e in sink.events)
+    stats = checker.stats()
+    assert stats["hurried"] == 1 and stats["batches"] == 1 and stats["checked"] == 4
+    checker.close()
 
 
 def test_backlog_skips_are_counted_as_dropped():
