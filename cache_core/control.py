@@ -234,6 +234,39 @@ def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float 
     return PublishedControl(key=key, partition=meta.partition, offset=meta.offset)
 
 
+class ControlLost(RuntimeError):
+    """The message was published, but another record had claimed its version first:
+    by the fold it applies nowhere (``winner``: the config in force instead, if any)."""
+
+    def __init__(self, msg: ControlMessage, winner: ExperimentConfig | None):
+        by = f"by {winner.updated_by} at version {winner.version}" if winner else "by a tombstone"
+        super().__init__(f"config version {msg.experiment.version} of {msg.experiment.experiment_id!r} "
+                         f"was published but lost to a concurrent push ({by}); it applies nowhere")
+        self.winner = winner
+
+
+class ControlUnconfirmed(ControlError):
+    """The message was published, but reading the topic back to confirm it won failed."""
+
+
+def publish_confirmed(kafka: KafkaSettings, msg: ControlMessage, *,
+                      base: Mapping[str, ExperimentConfig] | None = None,
+                      timeout_s: float = 10) -> PublishedControl:
+    """publish_control, then fold the topic up to our own record (over ``base``) to
+    confirm no concurrent push claimed the same version first. Raises ControlError if
+    nothing was published, ControlLost if it lost, ControlUnconfirmed if it cannot tell."""
+    published = publish_control(kafka, msg, timeout_s)
+    experiment_id = msg.experiment.experiment_id
+    try:
+        winner = read_control(kafka, timeout_s, base=base, until=published).winner(experiment_id)
+    except ControlError as exc:
+        raise ControlUnconfirmed(f"config version {msg.experiment.version} of {experiment_id!r} was "
+                                 f"published (offset {published.offset}) but not confirmed: {exc}") from exc
+    if winner is None or winner.key != published.key:
+        raise ControlLost(msg, winner.config if winner else None)
+    return published
+
+
 def read_control(kafka: KafkaSettings, timeout_s: float = 5, *,
                  base: Mapping[str, ExperimentConfig] | None = None,
                  until: PublishedControl | None = None) -> ControlFold:

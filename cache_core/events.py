@@ -107,8 +107,9 @@ class FeedbackEvent(BaseModel):
 
 
 class ControlMessage(BaseModel):
-    """A full experiment config; the control topic is compacted by experiment id,
-    so the latest version of every experiment survives and restarts replay it."""
+    """A full experiment config. Published by ``cache_core.control.publish_control``
+    under a key unique per message (``control_key``), so compaction keeps every change
+    and the fold (``cache_core.registry.ControlFold``) decides which one is in force."""
 
     schema_version: int = SCHEMA_VERSION
     kind: Literal["experiment"] = "experiment"
@@ -116,9 +117,6 @@ class ControlMessage(BaseModel):
     actor: str = "unknown"
     reason: str = ""
     ts_ms: int = Field(default_factory=now_ms)
-
-    def kafka_key(self) -> bytes:
-        return self.experiment.experiment_id.encode()
 
 
 class WindowAggregate(BaseModel):

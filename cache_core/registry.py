@@ -99,6 +99,11 @@ class ControlFold:
     def winners(self) -> dict[str, Winner]:
         return dict(self._winners)
 
+    @property
+    def base(self) -> dict[str, ExperimentConfig]:
+        """The configs folded over (the experiments file)."""
+        return dict(self._base)
+
     def messages(self) -> dict[str, ControlMessage]:
         """Experiment id -> winning control message (experiments won by the base left out)."""
         return {i: w.message for i, w in self._winners.items() if w.message is not None}
@@ -158,6 +163,10 @@ class ExperimentRegistry:
             if key is None or key not in self._by_id:
                 raise UnknownExperiment(experiment_id)
             return self._by_id[key]
+
+    def base(self) -> dict[str, ExperimentConfig]:
+        """The configs the control topic is folded over (the experiments file's)."""
+        return self._fold.base
 
     def all(self) -> list[ExperimentConfig]:
         with self._lock:

@@ -22,7 +22,6 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -35,9 +34,6 @@ from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, M
 from cache_core.registry import Winner
 from cache_core.settings import Settings
 from dashboard.tuning import servable
-
-if TYPE_CHECKING:
-    from cache_core.control import PublishedControl
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +124,10 @@ def _file_base(settings: Settings) -> dict[str, ExperimentConfig]:
         return {}
 
 
-def _live_winner(settings: Settings, experiment_id: str, until: PublishedControl | None = None) -> Winner:
+def _live_winner(settings: Settings, experiment_id: str) -> Winner:
     # Imported here so the what-if helpers load without a Kafka client.
     from cache_core.control import read_control
-    fold = read_control(settings.kafka, base=_file_base(settings), until=until)
+    fold = read_control(settings.kafka, base=_file_base(settings))
     winner = fold.winner(experiment_id)
     if winner is None:
         raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {sorted(fold.winners())}")
@@ -361,7 +357,7 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
     if the change won but ClickHouse did not take the audit rows.
     """
     from cache_core.chclient import connect
-    from cache_core.control import ControlError, publish_control
+    from cache_core.control import ControlError, ControlLost, ControlUnconfirmed, publish_confirmed
 
     actor, reason = _validate_actor(actor, reason)
     with _PUSH_LOCK:
@@ -374,23 +370,18 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
         if not arms:
             raise ValueError("the change leaves every arm as it is; nothing to push")
         message = ControlMessage(experiment=updated, actor=actor, reason=reason, ts_ms=at_ms)
-        published = publish_control(settings.kafka, message)
         # Another process may have published the same version between our read and our
-        # send: the fold up to our own record says which came first (records after it
-        # cannot take this version from us).
+        # send: publish_confirmed folds the topic up to our own record to say which came first.
         try:
-            winner = _live_winner(settings, experiment_id, until=published)
-        except (ControlError, ValueError) as exc:
-            raise ControlError(
-                f"config version {updated.version} of {experiment_id!r} was published (offset "
-                f"{published.offset}) but whether it won could not be confirmed: {exc}; nothing was "
-                "audited, reload to see the config in force") from exc
-    if winner.key != published.key:
-        log.warning("config push lost to a concurrent push", extra={
-            "experiment_id": experiment_id, "version": updated.version, "actor": actor,
-            "winner_version": winner.config.version, "winner_actor": winner.config.updated_by,
-            "offset": published.offset})
-        raise VersionConflict(experiment_id, expected_version, winner.config, lost=message)
+            published = publish_confirmed(settings.kafka, message, base=_file_base(settings))
+        except ControlLost as exc:
+            winner = exc.winner or current
+            log.warning("config push lost to a concurrent push", extra={
+                "experiment_id": experiment_id, "version": updated.version, "actor": actor,
+                "winner_version": winner.version, "winner_actor": winner.updated_by})
+            raise VersionConflict(experiment_id, expected_version, winner, lost=message) from exc
+        except ControlUnconfirmed as exc:
+            raise ControlError(f"{exc}; nothing was audited, reload to see the config in force") from exc
     log.info("config pushed", extra={"experiment_id": experiment_id, "arms": arms,
                                      "version": updated.version, "actor": actor, "offset": published.offset})
     try:

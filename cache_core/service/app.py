@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.ann_check import AnnChecker
 from cache_core.cache import InvalidRequest, SemanticCache
+from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
@@ -84,10 +85,10 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     metrics_holder.append(metrics)
     upstream = httpx.Client()
     if control_publisher is None:
-        from cache_core.control import publish_control
+        from cache_core.control import publish_confirmed
 
         def control_publisher(message: ControlMessage) -> None:
-            publish_control(settings.kafka, message)
+            publish_confirmed(settings.kafka, message, base=registry.base())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -353,6 +354,15 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         try:
             # Publish first: a change other instances never hear of must not apply here alone.
             control_publisher(message)
+        except ControlLost as exc:  # a concurrent push took this version: it applies nowhere
+            log.warning("admin config push lost a race", extra={"experiment_id": experiment_id,
+                                                                "version": config.version})
+            return JSONResponse(status_code=409, content={"detail": f"{exc}; reload and try again"})
+        except ControlUnconfirmed as exc:
+            log.exception("control publish unconfirmed", extra={"experiment_id": experiment_id})
+            return JSONResponse(status_code=503, content={
+                "detail": f"{exc}; not applied here, GET /v1/experiments shows what is in force once "
+                          "the topic is readable"})
         except Exception as exc:
             log.exception("control publish failed", extra={"experiment_id": experiment_id})
             return JSONResponse(status_code=503, content={

@@ -7,7 +7,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from cache_core.control import ControlError, ControlListener, publish_control, read_control, read_latest_configs
+from cache_core.control import (ControlError, ControlListener, ControlLost, publish_confirmed, publish_control,
+                                read_control, read_latest_configs)
 from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.registry import ExperimentRegistry
@@ -171,6 +172,20 @@ def test_racing_pushes_first_wins_everywhere_and_survives_compaction(kafka_setti
     finally:
         later.stop()
     assert read_latest_configs(kafka_settings)["exp-r"].actor == "alice"
+
+
+def test_publish_confirmed_tells_the_loser_of_a_race(kafka_settings):
+    first = publish_control(kafka_settings, message("exp-c", 4, actor="bob"))  # bob got there first
+    with pytest.raises(ControlLost, match="by bob at version 4") as lost:
+        publish_confirmed(kafka_settings, message("exp-c", 4, actor="alice"))
+    assert lost.value.winner.updated_by == "bob"
+    assert read_control(kafka_settings).winner("exp-c").key == first.key
+    won = publish_confirmed(kafka_settings, message("exp-c", 5, actor="alice"))
+    assert read_control(kafka_settings).winner("exp-c").key == won.key
+    # A version the experiments file already holds is not won by a record either (ties keep the earlier).
+    base = {"exp-f": message("exp-f", 3).experiment}
+    with pytest.raises(ControlLost):
+        publish_confirmed(kafka_settings, message("exp-f", 3, actor="alice"), base=base)
 
 
 def test_listener_takes_exactly_one_handler(kafka_settings):

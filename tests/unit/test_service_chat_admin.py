@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
+from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
@@ -100,11 +101,14 @@ class ControlRecorder:
     def __init__(self):
         self.messages = []
         self.fail = False
+        self.outcome = None  # None: published and won; else the exception publishing raises
 
     def __call__(self, message):
         if self.fail:
             raise ConnectionError("broker down")
         self.messages.append(message)
+        if self.outcome is not None:
+            raise self.outcome(message)
 
 
 def make_client(minilm_embedder, tmp_path, upstream_url=None, admin_token=TOKEN):
@@ -223,6 +227,20 @@ def test_admin_put_experiment_publishes_and_applies(minilm_embedder, tmp_path):
         down = client.put("/v1/admin/experiments/chat-exp", json=new_config(6, 0.9), headers=auth)
         assert down.status_code == 503 and "not applied" in down.text
         assert client.get("/v1/experiments").json()["experiments"][0]["version"] == 5
+
+
+def test_admin_put_that_loses_a_race_or_cannot_be_confirmed_applies_nowhere(minilm_embedder, tmp_path):
+    winner = ExperimentConfig.model_validate({**new_config(6, 0.6), "updated_by": "bob"})
+    with make_client(minilm_embedder, tmp_path) as client:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        client.control.outcome = lambda message: ControlLost(message, winner)
+        lost = client.put("/v1/admin/experiments/chat-exp", json=new_config(6, 0.9), headers=auth)
+        assert lost.status_code == 409 and "lost to a concurrent push (by bob at version 6)" in lost.text
+        client.control.outcome = lambda message: ControlUnconfirmed("read-back timed out")
+        unsure = client.put("/v1/admin/experiments/chat-exp", json=new_config(6, 0.9), headers=auth)
+        assert unsure.status_code == 503 and "read-back timed out" in unsure.text
+        assert len(client.control.messages) == 2  # both were published ...
+        assert client.get("/v1/experiments").json()["experiments"][0]["version"] == 1  # ... neither applied here
 
 
 def test_admin_auth(minilm_embedder, tmp_path):
