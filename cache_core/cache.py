@@ -42,7 +42,6 @@ The same query text in the same store and scope replaces the entry ("updated").
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import random
 import threading
@@ -73,14 +72,13 @@ SEARCH_K = 5
 EVICTION_SCAN = 64
 ENTRY_OVERHEAD_BYTES = 256
 SHARED_ARM = "*"
-# The background ANN check scans the exact twin in steps of this many rows, releasing
-# the partition lock in between (about 0.2 ms per step with 384 dimensions).
+# The background ANN check scans the exact twin in steps of EXACT_BLOCK_ROWS rows,
+# releasing the partition lock in between (about 0.2 ms per step with 384 dimensions).
+# A batch of checks multiplies at most EXACT_BLOCK_CELLS query x row pairs per step
+# (16 queries: 2048 rows, 64: 512), so its lock hold stays about 1 ms (10^5 x 384, one
+# thread: a full pass costs ~25 ms for 1 query, ~45 ms for 8, ~150 ms for 64), and a
+# step never goes under EXACT_BLOCK_MIN_ROWS rows.
 EXACT_BLOCK_ROWS = 2048
-# A batched check steps through EXACT_BLOCK_ROWS rows too, but a step multiplies at most
-# this many query x row pairs (16 queries: 2048 rows, 64: 512), so its lock hold stays
-# about 1 ms (10^5 x 384, one thread: a full pass costs ~25 ms for 1 query, ~45 ms
-# for 8, ~150 ms for 64), and never goes under EXACT_BLOCK_MIN_ROWS rows.
-EXACT_BATCH_BLOCK_ROWS = EXACT_BLOCK_ROWS
 EXACT_BLOCK_CELLS = EXACT_BLOCK_ROWS * 16
 EXACT_BLOCK_MIN_ROWS = 256
 # Sampled ANN checks are skipped while this many events wait to be finished.
@@ -210,7 +208,7 @@ class SearchOutcome:
 def _ranked(index: VectorIndex, scores: list[np.ndarray], ids: list[np.ndarray],
             k: int) -> list[list[tuple[str, float]]]:
     """Per query, (entry_id, score) best first from the blocks' top-k of a batched scan;
-    like ``exact_block``, an id that is no longer live is left out."""
+    like ``exact_block_many``, an id that is no longer live is left out."""
     if not scores:
         return []
     scores_all, ids_all = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
@@ -299,39 +297,11 @@ class Partition:
         return outcome
 
     def ann_check(self, vec: np.ndarray, scope: str | None, raw: list[tuple[str, float]],
-                  k: int = SEARCH_K, block_rows: int = EXACT_BLOCK_ROWS,
-                  restarts: int = 2) -> SearchOutcome:
-        """Compare the ANN answer ``raw`` with an exact search over the scope's vectors.
-
-        Takes the lock per block of rows only, so lookups on this partition wait at
-        most one block; a change to the partition mid-scan restarts it, and after
-        ``restarts`` the scan runs in one piece under the lock."""
-        for _attempt in range(restarts + 1):
-            exact = self._exact_in_steps(vec, scope, k, block_rows)
-            if exact is not None:
-                return ann_agreement(raw, exact)
-        with self.lock:
-            index = self.indexes.get(scope or "")
-            return ann_agreement(raw, index.exact_search(vec, k) if index is not None else [])
-
-    def _exact_in_steps(self, vec: np.ndarray, scope: str | None, k: int,
-                        block_rows: int) -> list[tuple[str, float]] | None:
-        """Exact top-k in blocks; None if the partition changed between blocks."""
-        with self.lock:
-            index, mark = self.indexes.get(scope or ""), self.mutations
-        best: list[tuple[str, float]] = []
-        start = 0
-        while index is not None:
-            with self.lock:
-                if self.mutations != mark or self.indexes.get(scope or "") is not index:
-                    return None
-                if start >= index.exact_rows():
-                    break
-                block = index.exact_block(vec, start, start + block_rows, k)
-            best = heapq.nlargest(k, best + block, key=lambda pair: pair[1])
-            start += block_rows
-            self._let_lookups_in()
-        return best
+                  k: int = SEARCH_K, restarts: int = 2) -> SearchOutcome:
+        """Compare the ANN answer ``raw`` with an exact search over the scope's vectors
+        (``ann_check_many`` for a batch of one)."""
+        return self.ann_check_many(np.asarray(vec, dtype=np.float32).reshape(1, -1), scope, [raw],
+                                   k=k, restarts=restarts)[0]
 
     def ann_check_many(self, vecs: np.ndarray, scope: str | None,
                        raws: list[list[tuple[str, float]]], k: int = SEARCH_K,
@@ -343,7 +313,7 @@ class Partition:
         mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32).reshape(len(raws), -1))
         # A step multiplies queries x rows; bounding that product keeps the lock hold
         # (and a lookup's wait) about as short as a single-query step's.
-        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BATCH_BLOCK_ROWS, block_cells // max(len(mat), 1)))
+        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BLOCK_ROWS, block_cells // max(len(mat), 1)))
         exact = None
         for _attempt in range(restarts + 1):
             exact = self._exact_many_in_steps(mat, scope, k, block_rows)

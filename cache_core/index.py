@@ -152,31 +152,15 @@ class VectorIndex:
         return self._run(self._exact, vec, k, extra=0)
 
     def exact_rows(self) -> int:
-        """Rows of the exact twin (the range ``exact_block`` scans)."""
+        """Rows of the exact twin (the range ``exact_block_many`` scans)."""
         return self._exact.ntotal
-
-    def exact_block(self, vec: np.ndarray, start: int, stop: int, k: int) -> list[tuple[str, float]]:
-        """Exact top-k over rows [start, stop) of the exact twin, without copying it.
-
-        Lets a caller split a long brute-force search into short steps, releasing its
-        lock in between (rows shift on removal: the caller must restart if the index
-        changed between steps)."""
-        flat = faiss.downcast_index(self._exact.index)
-        total = flat.ntotal
-        start, stop = max(0, start), min(stop, total)
-        if stop <= start or k <= 0:
-            return []
-        rows = faiss.rev_swig_ptr(flat.get_xb(), total * self.dim).reshape(total, self.dim)
-        ids = faiss.rev_swig_ptr(self._exact.id_map.data(), total)
-        scores = rows[start:stop] @ np.asarray(vec, dtype=np.float32).reshape(-1)
-        top = np.argsort(-scores)[:k] if len(scores) <= k else \
-            np.argpartition(-scores, k - 1)[:k]
-        return [(self._entry_of[int(ids[start + i])], float(scores[i])) for i in top
-                if int(ids[start + i]) in self._entry_of]
 
     def exact_block_many(self, mat: np.ndarray, start: int, stop: int,
                          k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``exact_block`` for a batch of queries in one matrix product: per query (row of
+        """Exact top-k of a batch of queries over rows [start, stop) of the exact twin, in
+        one matrix product and without copying it, so a caller can split a long brute-force
+        search into short steps and release its lock in between (rows shift on removal: the
+        caller must restart if the index changed between steps). Per query (row of
         ``mat``) the scores and internal ids of its top-k among rows [start, stop), in no
         particular order, shape (queries, min(k, rows)). Internal ids stay internal so
         the caller can merge blocks cheaply; ``labels`` names them at the end."""

@@ -81,7 +81,7 @@ def test_stepped_exact_scan_equals_one_piece_exact_search():
     index = partition.indexes[""]
     for row in vecs[:10]:
         vec = row / np.linalg.norm(row)
-        stepped = partition._exact_in_steps(vec, None, 5, block_rows=7)
+        stepped = partition._exact_many_in_steps(vec[None], None, 5, block_rows=7)[0]
         assert [e for e, _ in stepped] == [e for e, _ in index.exact_search(vec, 5)]
 
 
@@ -91,7 +91,7 @@ def test_stepped_scan_restarts_when_the_partition_changes_mid_scan():
         cache.store(text, text, unit_id="u")
     partition = cache.partitions()[0]
     index = partition.indexes[""]
-    real_block, calls = index.exact_block, []
+    real_block, calls = index.exact_block_many, []
 
     def block_then_mutate(*args):
         calls.append(args[1])
@@ -99,8 +99,8 @@ def test_stepped_scan_restarts_when_the_partition_changes_mid_scan():
             partition.mutations += 1  # as if a store landed between two blocks
         return real_block(*args)
 
-    index.exact_block = block_then_mutate
-    outcome = partition.ann_check(E0, None, raw=index.search(E0, 5), block_rows=1)
+    index.exact_block_many = block_then_mutate
+    outcome = partition.ann_check(E0, None, raw=index.search(E0, 5))
     assert outcome.ann_checked and outcome.ann_agree and outcome.ann_recall_at_k == 1.0
     assert calls[:2] == [0, 0]  # the first scan was abandoned and restarted from row 0
 
