@@ -159,6 +159,8 @@ def _demo(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
+    # A shell starting the demo in the background leaves SIGINT ignored; Ctrl-C / kill -INT must still stop it.
+    signal.signal(signal.SIGINT, _stop)
     started = time.monotonic()
     try:
         log.info("starting the embedded stack", extra={"state_dir": str(state_dir)})
