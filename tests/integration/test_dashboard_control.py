@@ -1,12 +1,9 @@
 """Control actions against the real broker and warehouse: concurrency, canaries, rollback, auto-tune."""
-import uuid
 from datetime import datetime, timezone
 
 import pytest
 
-from cache_core.chclient import connect
 from cache_core.control import read_latest_configs
-from cache_core.settings import Settings
 from dashboard import autotune, control, queries, tuning
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_dashboard_app import _control_messages
@@ -21,12 +18,8 @@ def _feedback_tables_ready(client) -> bool:
 
 @pytest.fixture
 def env(kafka_settings, ch_settings, tmp_path):
-    experiment_id = f"ctl-{uuid.uuid4().hex[:8]}"
-    settings = Settings(kafka=kafka_settings, clickhouse=ch_settings,
-                        experiments_file=seed.experiments_file(tmp_path / "e.yaml", experiment_id))
-    client = connect(ch_settings)
-    yield settings, experiment_id, client
-    client.close()
+    with seed.control_env(kafka_settings, ch_settings, tmp_path, "ctl") as values:
+        yield values
 
 
 def test_second_push_from_the_same_version_is_refused(env):

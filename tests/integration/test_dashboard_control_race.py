@@ -4,11 +4,9 @@ dashboard's live read and the audit; the other gets VersionConflict."""
 import json
 import subprocess
 import sys
-import uuid
 
 import pytest
 
-from cache_core.chclient import connect
 from cache_core.control import ControlListener
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import Settings
@@ -34,12 +32,8 @@ print(pushed.experiment.version)
 
 @pytest.fixture
 def env(kafka_settings, ch_settings, tmp_path):
-    experiment_id = f"race-{uuid.uuid4().hex[:8]}"
-    settings = Settings(kafka=kafka_settings, clickhouse=ch_settings,
-                        experiments_file=seed.experiments_file(tmp_path / "e.yaml", experiment_id))
-    client = connect(ch_settings)
-    yield settings, experiment_id, client
-    client.close()
+    with seed.control_env(kafka_settings, ch_settings, tmp_path, "race") as values:
+        yield values
 
 
 def _settings_json(settings: Settings) -> str:
