@@ -353,7 +353,7 @@ def multi_recommendation(view: View, config, arm: str) -> None:
     history = data.run(view.settings, "change_history", view.experiment_id)
     configs = tuning.configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id), config)
     last = data.run(view.settings, "last_changes", view.experiment_id)
-    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    last_ms = queries.last_change_ms(last)
     recs = [r for r in tuning.recommend_multi_all(config, hist, configs, page_guardrails(view), now_ms=now_ms(),
                                                   last_change_ms=last_ms) if r.arm == arm]
     if not recs:
@@ -509,7 +509,7 @@ def autotune_section(view: View, config) -> None:
         st.info("Auto-tune needs logged decisions and feedback-labelled hits in this range.")
         return
     last = data.run(view.settings, "last_changes", view.experiment_id)
-    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    last_ms = queries.last_change_ms(last)
     recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
                                 clusters=per_cluster)
     table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from cache_core.events import now_ms
-from cache_core.experiments import ExperimentConfig, load_experiments
+from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, get_settings
 from dashboard import control, queries, tuning
 from dashboard.stats import ProportionStat
@@ -114,7 +114,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     end = datetime.fromtimestamp(now / 1000, tz=timezone.utc)
     filters = queries.Filters(experiment_id, end - timedelta(seconds=lookback_s), end + timedelta(seconds=1))
     last = queries.last_changes(client, experiment_id)
-    last_ms = {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+    last_ms = queries.last_change_ms(last)
     # Multi arms' what-if re-applies their current score floor / answer margin to the logs.
     rules = queries.multi_rules(config)
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
@@ -146,11 +146,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
 
 def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict[int, ExperimentConfig]:
     """Every config version of the experiment known to the audit, the experiments file and the live one."""
-    try:
-        from_file = load_experiments(settings.experiments_file).get(config.experiment_id)
-    except ValueError:
-        from_file = None
-    return tuning.configs_by_version(queries.change_history(client, config.experiment_id), from_file, config)
+    return tuning.configs_by_version(queries.change_history(client, config.experiment_id),
+                                     control.file_configs(settings).get(config.experiment_id), config)
 
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,
@@ -186,12 +183,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning
 def known_experiments(settings: Settings) -> list[str]:
     """Experiment ids on the control topic or in the experiments file."""
     from cache_core.control import read_latest_configs
-    ids = set(read_latest_configs(settings.kafka))
-    try:
-        ids |= set(load_experiments(settings.experiments_file))
-    except ValueError:
-        pass
-    return sorted(ids)
+    return sorted(set(read_latest_configs(settings.kafka)) | set(control.file_configs(settings)))
 
 
 def run_once(settings: Settings, guardrails: tuning.Guardrails, experiment_ids: Iterable[str] | None = None,

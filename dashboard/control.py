@@ -116,7 +116,8 @@ def current_config(settings: Settings, experiment_id: str) -> ExperimentConfig:
     return _live_winner(settings, experiment_id).config
 
 
-def _file_base(settings: Settings) -> dict[str, ExperimentConfig]:
+def file_configs(settings: Settings) -> dict[str, ExperimentConfig]:
+    """The experiments file's configs ({} and a warning when it is missing or invalid)."""
     try:
         return load_experiments(settings.experiments_file)
     except ValueError as exc:  # no usable file: the topic alone may still know the experiment
@@ -127,7 +128,7 @@ def _file_base(settings: Settings) -> dict[str, ExperimentConfig]:
 def _live_winner(settings: Settings, experiment_id: str) -> Winner:
     # Imported here so the what-if helpers load without a Kafka client.
     from cache_core.control import read_control
-    fold = read_control(settings.kafka, base=_file_base(settings))
+    fold = read_control(settings.kafka, base=file_configs(settings))
     winner = fold.winner(experiment_id)
     if winner is None:
         raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {sorted(fold.winners())}")
@@ -373,7 +374,7 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
         # Another process may have published the same version between our read and our
         # send: publish_confirmed folds the topic up to our own record to say which came first.
         try:
-            published = publish_confirmed(settings.kafka, message, base=_file_base(settings))
+            published = publish_confirmed(settings.kafka, message, base=file_configs(settings))
         except ControlLost as exc:
             winner = exc.winner or current
             log.warning("config push lost to a concurrent push", extra={

@@ -59,11 +59,7 @@ def file_configs(settings: Settings) -> dict[str, ExperimentConfig]:
 def experiment_configs(settings: Settings) -> dict[str, ExperimentConfig]:
     """Known experiment definitions: the experiments file, overridden by newer versions
     stored in ClickHouse by the control panel (reading Kafka on every refresh would be slow)."""
-    configs: dict[str, ExperimentConfig] = {}
-    try:
-        configs.update(load_experiments(settings.experiments_file))
-    except ValueError:
-        pass  # no file: the warehouse may still know experiments
+    configs = file_configs(settings)  # no file: the warehouse may still know experiments
     stored: pd.DataFrame = run(settings, "experiments")
     for row in stored.itertuples(index=False):
         if row.config_json:

@@ -508,6 +508,11 @@ def last_changes(client, experiment_id: str) -> pd.DataFrame:
     return df
 
 
+def last_change_ms(last: pd.DataFrame) -> dict[str, int]:
+    """Arm -> epoch ms of its last change, from a ``last_changes`` frame (the tuning cool-down)."""
+    return {r.arm: int(r.last_change.timestamp() * 1000) for r in last.itertuples(index=False)}
+
+
 def change_history(client, experiment_id: str, limit: int = 200) -> pd.DataFrame:
     """The experiment's audit rows, newest version first, each with the config it produced."""
     df = _frame(client, CHANGE_HISTORY_SQL, {"experiment_id": experiment_id, "limit": int(limit)})

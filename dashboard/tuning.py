@@ -229,11 +229,27 @@ def margin_table(margin_hist: pd.DataFrame, decisions: int, margins, alpha: floa
     return pd.DataFrame(rows)
 
 
-def candidate_grid(current: float, guardrails: Guardrails) -> np.ndarray:
-    """Thresholds within ``max_step`` of ``current`` on the grid, current included, inside [0, 1]."""
+def candidate_grid(current: float, guardrails: Guardrails, low: float = 0.0, high: float = 1.0) -> np.ndarray:
+    """Values within ``max_step`` of ``current`` on the grid, current included, inside [low, high]."""
     steps = int(math.floor(guardrails.max_step / guardrails.grid_step + 1e-9))
     grid = current + guardrails.grid_step * np.arange(-steps, steps + 1)
-    return np.unique(np.round(np.clip(grid, 0.0, 1.0), 6))
+    return np.unique(np.round(np.clip(grid, low, high), 6))
+
+
+def _not_yet(decisions: int, last_change_ms: int | None, now_ms: int, g: Guardrails) -> str | None:
+    """Why no change may be recommended yet (too few decisions, cool-down), or None."""
+    if decisions < g.min_decisions:
+        return f"only {decisions} logged decisions, need {g.min_decisions}"
+    if last_change_ms is not None and now_ms - last_change_ms < g.cooldown_s * 1000:
+        waited = (now_ms - last_change_ms) / 1000
+        return f"cool-down: last change {waited:.0f}s ago, need {g.cooldown_s:.0f}s"
+    return None
+
+
+def _over_target(now_row: pd.Series, g: Guardrails) -> bool:
+    """Enough labels at the current setting, and its false-hit bound is above the target."""
+    return bool(now_row["labelled"] >= g.min_labelled and now_row["false_hit_upper"] is not None
+                and now_row["false_hit_upper"] > g.target_false_hit_rate)
 
 
 def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled: pd.DataFrame,
@@ -246,13 +262,9 @@ def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled:
     base = dict(arm=arm, cluster=cluster, current=current, current_hit_rate=now_row["est_hit_rate"],
                 candidates=table)
     decisions = int(table["decisions"].iloc[0]) if not table.empty else 0
-    if decisions < g.min_decisions:
-        return Recommendation(**base, recommended=None, action="hold",
-                              reason=f"only {decisions} logged decisions, need {g.min_decisions}")
-    if last_change_ms is not None and now_ms - last_change_ms < g.cooldown_s * 1000:
-        waited = (now_ms - last_change_ms) / 1000
-        return Recommendation(**base, recommended=None, action="hold",
-                              reason=f"cool-down: last change {waited:.0f}s ago, need {g.cooldown_s:.0f}s")
+    wait = _not_yet(decisions, last_change_ms, now_ms, g)
+    if wait is not None:
+        return Recommendation(**base, recommended=None, action="hold", reason=wait)
     table["feasible"] = (table["supported"] & (table["labelled"] >= g.min_labelled)
                          & (table["false_hit_upper"] <= g.target_false_hit_rate))
     feasible = table[table["feasible"]]
@@ -273,10 +285,7 @@ def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Rec
 
 
 def _no_feasible(base: dict, table: pd.DataFrame, now_row: pd.Series, g: Guardrails) -> Recommendation:
-    unsafe_now = (now_row["labelled"] >= g.min_labelled
-                  and now_row["false_hit_upper"] is not None
-                  and now_row["false_hit_upper"] > g.target_false_hit_rate)
-    if unsafe_now:  # over target at the current threshold: step up as far as allowed
+    if _over_target(now_row, g):  # over target at the current threshold: step up as far as allowed
         return _recommendation(base, table.iloc[-1], base["current"],
                                f"false-hit bound {now_row['false_hit_upper']:.1%} above target "
                                f"{g.target_false_hit_rate:.1%} and no candidate is safe: raising by the max step")
@@ -416,12 +425,6 @@ def multi_replay_limits(score_hist: pd.DataFrame,
     return min(f for f, _ in known), min(m for _, m in known), unknown
 
 
-def _steps(current: float, g: Guardrails, low: float, high: float) -> np.ndarray:
-    steps = int(math.floor(g.max_step / g.grid_step + 1e-9))
-    grid = current + g.grid_step * np.arange(-steps, steps + 1)
-    return np.unique(np.round(np.clip(grid, low, high), 6))
-
-
 def multi_table(score_hist: pd.DataFrame, floors, margins, *, lowest_floor: float | None,
                 lowest_margin: float | None, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
     """Per candidate (score_floor, answer_margin) of one multi arm: estimated hits and the
@@ -486,7 +489,7 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
     """
     g = guardrails
     low_floor, low_margin, unknown = multi_replay_limits(score_hist, rules)
-    table = multi_table(score_hist, _steps(score_floor, g, -1.0, 1.0), _steps(answer_margin, g, 0.0, 1.0),
+    table = multi_table(score_hist, candidate_grid(score_floor, g, -1.0, 1.0), candidate_grid(answer_margin, g),
                         lowest_floor=low_floor, lowest_margin=low_margin, alpha=g.alpha)
     at_now = (table["score_floor"] - score_floor).abs() + (table["answer_margin"] - answer_margin).abs()
     now_row = table.loc[at_now.idxmin()]
@@ -496,11 +499,9 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
                 lowest_margin=low_margin, candidates=table)
     hold = lambda reason: MultiRecommendation(**base, recommended_floor=None, recommended_margin=None,
                                               action="hold", reason=reason)
-    if decisions < g.min_decisions:
-        return hold(f"only {decisions} logged decisions, need {g.min_decisions}")
-    if last_change_ms is not None and now_ms - last_change_ms < g.cooldown_s * 1000:
-        waited = (now_ms - last_change_ms) / 1000
-        return hold(f"cool-down: last change {waited:.0f}s ago, need {g.cooldown_s:.0f}s")
+    wait = _not_yet(decisions, last_change_ms, now_ms, g)
+    if wait is not None:
+        return hold(wait)
     if unknown:
         return hold(f"events of config version(s) {unknown} have no recorded config: their score floor / "
                     "answer margin is unknown, so other values cannot be replayed")
@@ -517,9 +518,7 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
         best = ranked.sort_values(["est_hits", "move", "score_floor", "answer_margin"],
                                   ascending=[False, True, False, False]).iloc[0]
         return _multi_recommendation(base, best, "best hit rate with the false-hit bound under target")
-    unsafe_now = (now_row["labelled"] >= g.min_labelled and now_row["false_hit_upper"] is not None
-                  and now_row["false_hit_upper"] > g.target_false_hit_rate)
-    if unsafe_now:
+    if _over_target(now_row, g):
         same_margin = table[(table["answer_margin"] - answer_margin).abs() < 1e-9]
         return _multi_recommendation(base, same_margin.loc[same_margin["score_floor"].idxmax()],
                                      f"false-hit bound {now_row['false_hit_upper']:.1%} above target "
