@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,16 +107,6 @@ class ControlFold:
     def messages(self) -> dict[str, ControlMessage]:
         """Experiment id -> winning control message (experiments won by the base left out)."""
         return {i: w.message for i, w in self._winners.items() if w.message is not None}
-
-
-def fold_control(records: Iterable[ControlRecord | tuple[bytes | None, ControlMessage | None]],
-                 base: Mapping[str, ExperimentConfig] | None = None) -> dict[str, Winner]:
-    """The winners after folding ``records`` (in partition order) over ``base``."""
-    fold = ControlFold(base)
-    for record in records:
-        key, message = (record.key, record.message) if isinstance(record, ControlRecord) else record
-        fold.offer(key, message)
-    return fold.winners()
 
 
 class UnknownExperiment(KeyError):

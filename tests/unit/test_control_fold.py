@@ -5,7 +5,7 @@ import pytest
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from cache_core.registry import ControlFold, ControlRecord, ExperimentRegistry, fold_control
+from cache_core.registry import ControlFold, ControlRecord, ExperimentRegistry
 
 
 def msg(version: int, actor: str = "a", experiment_id: str = "exp", threshold: float = 0.8) -> ControlMessage:
@@ -16,6 +16,14 @@ def msg(version: int, actor: str = "a", experiment_id: str = "exp", threshold: f
 
 def key(m: ControlMessage, suffix: str = "") -> bytes:
     return f"{m.experiment.experiment_id}/v{m.experiment.version}/{m.actor}{suffix}".encode()
+
+
+def fold_control(records, base=None):
+    """The winners after folding (key, message) pairs in order over ``base``."""
+    fold = ControlFold(base)
+    for record_key, message in records:
+        fold.offer(record_key, message)
+    return fold.winners()
 
 
 def winner_actors(winners) -> dict[str, str | None]:
