@@ -73,8 +73,7 @@ def test_seeded_overview_and_attribution(app_env, ch_settings):
 
 def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch):
     experiment_id, start = app_env
-    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
-    monkeypatch.setenv("SCACHE_KAFKA__CONTROL_TOPIC", kafka_settings.control_topic)
+    _kafka_env(monkeypatch, kafka_settings)
     at = start()
     at.selectbox(key="ctl_arm").set_value("treatment")
     at.number_input(key="ctl_threshold").set_value(0.75)
@@ -102,8 +101,7 @@ def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monke
 
 def test_push_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
     _, start = app_env
-    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
-    monkeypatch.setenv("SCACHE_KAFKA__CONTROL_TOPIC", kafka_settings.control_topic)
+    _kafka_env(monkeypatch, kafka_settings)
     monkeypatch.setenv("SCACHE_DASHBOARD__ADMIN_TOKEN", "s3cret")
     at = start()
     at.text_input(key="ctl_actor").input("mallory")
