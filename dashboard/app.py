@@ -512,6 +512,11 @@ def autotune_section(view: View, config) -> None:
     last_ms = queries.last_change_ms(last)
     recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
                                 clusters=per_cluster)
+    as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary",
+                            help="Also lets an arm held at its best supported threshold explore one step lower "
+                                 "on the canary, where no labels exist yet.")
+    if as_canary:
+        recs = [tuning.exploration(r) or r for r in recs]
     table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,
               "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
               "est. hit rate then": r.recommended_hit_rate, "false-hit upper bound": r.false_hit_upper,
@@ -536,8 +541,7 @@ def autotune_section(view: View, config) -> None:
                    "logged one cannot be replayed: they are left out of the curve and never recommended. "
                    "Their score floor / answer margin recommendation is shown next to its inputs in the change "
                    "section; the scheduled and command-line auto-tune push it directly (no canary).")
-    changes = [r for r in recs if r.action == "change"]
-    as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary")
+    changes = [r for r in recs if r.action in ("change", "explore")]
     if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):
         if not authorized(view):
             return

@@ -14,7 +14,10 @@ One run, for every experiment (or the ones named):
 3. each arm (and, with ``--clusters``, each intent cluster) without a canary:
    ``tuning.recommend`` over the same window; an arm-level change goes out as a
    canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
-   change directly.
+   change directly. An arm held at its best supported threshold with no labels below it
+   explores instead (``tuning.exploration``): a canary one max step down, which step 1
+   of a later run promotes or rolls back. Only with a canary share, never directly, and
+   ``--no-explore`` turns it off.
 
 Every push uses the version just read (optimistic concurrency) and lands in the audit
 table, so the cool-down applies to the next run; an arm changed earlier in a run (canary
@@ -58,7 +61,7 @@ class TuneAction:
     cluster: int | None
     kind: Literal["canary", "recommendation", "multi"]
     action: str
-    """promote / rollback / continue for canaries; change / hold for recommendations."""
+    """promote / rollback / continue for canaries; change / hold / explore for recommendations."""
     reason: str
     applied: bool
     version: int | None = None
@@ -90,7 +93,7 @@ def _push(settings: Settings, config: ExperimentConfig, change: control.Change, 
 def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.Guardrails, *, client,
                     apply: bool = True, actor: str = "autotune", lookback_s: float = DEFAULT_LOOKBACK_S,
                     clusters: bool = False, canary_share: float = DEFAULT_CANARY_SHARE,
-                    canary_method: Literal["sequential", "bound"] = "sequential",
+                    canary_method: Literal["sequential", "bound"] = "sequential", explore: bool = True,
                     clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring)."""
     config = control.current_config(settings, experiment_id)
@@ -124,12 +127,15 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
                              client=client, apply=apply, actor=actor, clock=clock)
     for rec in recommendations:
+        if explore and canary_share > 0 and rec.arm not in touched:
+            rec = tuning.exploration(rec) or rec
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
                                         "cool-down: this arm changed earlier in this run")
-        applied = apply and rec.action == "change"
+        applied = apply and rec.action in ("change", "explore")
         if applied:
-            reason = f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
+            reason = f"auto-tune: {rec.reason}" if rec.action == "explore" else \
+                f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
             if rec.cluster is not None:
                 change = control.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
             elif canary_share > 0:
@@ -219,6 +225,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of an arm's units that try a threshold change first (0: push directly; "
                         "multi arms' floor / margin always go out directly)")
     p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
+    p.add_argument("--no-explore", dest="explore", action="store_false",
+                   help="never try a threshold below the labelled range on a canary (default: explore "
+                        "when --canary-share > 0)")
     p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
     p.add_argument("--actor", default="autotune")
     return p
@@ -240,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: {exc}", file=sys.stderr)
         return 2
     options = dict(apply=not args.dry_run, actor=args.actor, lookback_s=args.lookback_s, clusters=args.clusters,
-                   canary_share=args.canary_share, canary_method=args.canary_method)
+                   canary_share=args.canary_share, canary_method=args.canary_method, explore=args.explore)
     while True:
         try:
             for action in run_once(settings, guardrails, args.experiment, **options):

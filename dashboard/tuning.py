@@ -9,7 +9,12 @@ and a cool-down since the arm's last change (from ``threshold_changes``).
 
 Labels exist only for served hits, so the false-hit rate below the lowest labelled
 similarity is unknown: such thresholds are never recommended. Moving in steps, and
-trying a step on a canary first, earns the labels for the next step.
+trying a step on a canary first, earns the labels for the next step. ``exploration``
+takes that step when nothing else will: an arm already at its best supported threshold
+with the bound under target, and no labels below it, gets a canary one max step down
+(``action="explore"``). Its labelled hits then promote or roll it back, so auto-tune
+loosens as well as tightens, and a canary it rolled back leaves labels that stop it
+from trying the same step again.
 
 Multi-similarity arms: a decision counts as a hit at t only if the arm's current
 mixed-score floor and answer margin also pass its logged ``score`` / ``score_margin``
@@ -36,7 +41,7 @@ fixed one-sided bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -48,7 +53,7 @@ from dashboard.stats import DEFAULT_ALPHA, ProportionStat, lower_bound, rate_vs_
 BIN_WIDTH = 0.001
 """Similarity bin of queries.similarity_histogram / labelled_similarity (similarity_milli)."""
 
-Action = Literal["change", "hold"]
+Action = Literal["change", "hold", "explore"]
 CanaryAction = Literal["promote", "rollback", "continue"]
 
 
@@ -282,6 +287,28 @@ def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Rec
         reason=why if moved else "the current threshold is already the best within the guardrails",
         recommended_hit_rate=row["est_hit_rate"], false_hit_upper=row["false_hit_upper"],
         labelled=int(row["labelled"]))
+
+
+def exploration(rec: Recommendation) -> Recommendation | None:
+    """A canary-only step down for an arm (not a cluster) that ``recommend`` holds at its
+    current threshold because that is the best supported one: the lowest candidate under it
+    that the labels do not reach, when some decisions sit between the two (else lowering
+    changes nothing). None when there is nothing to explore. Only ever try it on a canary:
+    it is, by construction, a threshold whose false-hit rate is unknown."""
+    if rec.cluster is not None or rec.recommended is None or abs(rec.recommended - rec.current) > 1e-9:
+        return None
+    table = rec.candidates
+    below = table[(table["threshold"] < rec.current - 1e-9) & ~table["supported"].astype(bool)]
+    if below.empty:
+        return None
+    step, now_row = below.iloc[0], table.loc[(table["threshold"] - rec.current).abs().idxmin()]
+    if step["est_hits"] <= now_row["est_hits"]:
+        return None
+    return replace(rec, recommended=float(step["threshold"]), action="explore",
+                   recommended_hit_rate=step["est_hit_rate"],
+                   reason=f"exploring {step['threshold']:.3f} on a canary: {rec.current:.3f} is the best supported "
+                          f"threshold (false-hit bound {rec.false_hit_upper:.1%} at {rec.labelled} labels) and no "
+                          f"labels reach below it")
 
 
 def _no_feasible(base: dict, table: pd.DataFrame, now_row: pd.Series, g: Guardrails) -> Recommendation:

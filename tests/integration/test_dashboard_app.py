@@ -223,11 +223,19 @@ def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, mon
     recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
     assert recs.loc["control", "action"] == "change"
     assert recs.loc["control", "recommended"] == pytest.approx(0.87)
-    assert at.button(key="tune_apply").label.startswith("Apply 1")
+    assert (recs.loc["treatment", "action"], recs.loc["treatment", "recommended"]) == ("explore", pytest.approx(0.77))
+    assert at.button(key="tune_apply").label.startswith("Apply 2")
+    # applied directly (no canary), an exploration is not offered: its false-hit rate is unknown
+    at.checkbox(key="tune_as_canary").uncheck().run()
+    recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
+    assert recs.loc["treatment", "action"] == "hold" and at.button(key="tune_apply").label.startswith("Apply 1")
+    at.checkbox(key="tune_as_canary").check().run()
     at.text_input(key="ctl_actor").input("tester")
     at.button(key="tune_apply").click().run()
     assert not at.error, [e.value for e in at.error]
-    assert _control_messages(kafka_settings)[-1].experiment.arm("control").canary.threshold == pytest.approx(0.87)
+    live = _control_messages(kafka_settings)[-1].experiment
+    assert live.arm("control").canary.threshold == pytest.approx(0.87)
+    assert live.arm("treatment").canary.threshold == pytest.approx(0.77) and live.arm("treatment").threshold == 0.80
 
 
 def test_control_panel_whatif_of_a_multi_arm(app_env, ch_settings, tmp_path):

@@ -63,6 +63,18 @@ def test_cluster_threshold_push_is_audited(env):
                                "op", "", expected_version=2, client=client)
 
 
+def _canary_traffic(client, experiment_id: str, arm: str, canary, wrong: int, n: int = 100) -> None:
+    """``n`` labelled canary hits of ``arm`` since its canary started, ``wrong`` of them wrong."""
+    ids = [f"{experiment_id}-canary-{arm}-{i}" for i in range(n)]
+    client.insert("events_raw", [["decision", rid, canary.started_at_ms + 10 + i, experiment_id, arm, "hit",
+                                  True, canary.threshold + 0.01, "canary"] for i, rid in enumerate(ids)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "variant"])
+    client.insert("feedback_raw", [[1, rid, "wrong" if i < wrong else "correct", canary.started_at_ms + 500, "test"]
+                                   for i, rid in enumerate(ids)],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+
+
 def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     settings, experiment_id, client = env
     if not _feedback_tables_ready(client):
@@ -73,24 +85,32 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     dry = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, apply=False)
     by_arm = {a.arm: a for a in dry}
     assert (by_arm["control"].action, by_arm["control"].threshold) == ("change", pytest.approx(0.87))
-    assert by_arm["treatment"].action == "hold"
+    # treatment is safe at 0.80 and nothing is labelled below it: explore one max step down
+    assert (by_arm["treatment"].action, by_arm["treatment"].threshold) == ("explore", pytest.approx(0.77))
     assert _control_messages(settings.kafka) == []
+    no_explore = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, apply=False,
+                                          explore=False)
+    assert {a.arm: a.action for a in no_explore}["treatment"] == "hold"
 
     applied = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, canary_share=0.1)
-    assert [a.version for a in applied if a.applied] == [2]
-    canary = read_latest_configs(settings.kafka)[experiment_id].experiment.arm("control").canary
+    assert [a.version for a in applied if a.applied] == [2, 3]
+    live = read_latest_configs(settings.kafka)[experiment_id].experiment
+    canary = live.arm("control").canary
     assert canary is not None and canary.threshold == pytest.approx(0.87) and canary.share == 0.1
+    probe = live.arm("treatment").canary
+    assert probe is not None and probe.threshold == pytest.approx(0.77) and live.arm("treatment").threshold == 0.80
 
-    # The canary's units get wrong answers: 30 of 100 labelled hits.
-    ids = [f"{experiment_id}-canary-{i}" for i in range(100)]
-    client.insert("events_raw", [["decision", rid, canary.started_at_ms + 10 + i, experiment_id, "control", "hit",
-                                  True, 0.88, "canary"] for i, rid in enumerate(ids)],
-                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
-                                "similarity", "variant"])
-    client.insert("feedback_raw", [[1, rid, "wrong" if i < 30 else "correct", canary.started_at_ms + 500, "test"]
-                                   for i, rid in enumerate(ids)],
-                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    # control's canary units get wrong answers (30 of 100), treatment's right ones (0 of 200:
+    # the sequential test needs that many to promote at a 5% target).
+    _canary_traffic(client, experiment_id, "control", canary, wrong=30)
+    _canary_traffic(client, experiment_id, "treatment", probe, wrong=0, n=200)
     after = autotune.tune_experiment(settings, experiment_id, guardrails, client=client)
-    verdict = next(a for a in after if a.kind == "canary")
-    assert (verdict.action, verdict.applied, verdict.version) == ("rollback", True, 3)
-    assert read_latest_configs(settings.kafka)[experiment_id].experiment.arm("control").canary is None
+    verdicts = {a.arm: a for a in after if a.kind == "canary"}
+    assert (verdicts["control"].action, verdicts["control"].applied, verdicts["control"].version) == ("rollback", True, 4)
+    assert (verdicts["treatment"].action, verdicts["treatment"].applied, verdicts["treatment"].version) == (
+        "promote", True, 5)
+    live = read_latest_configs(settings.kafka)[experiment_id].experiment
+    assert live.arm("control").canary is None and live.arm("control").threshold == 0.90
+    assert live.arm("treatment").canary is None and live.arm("treatment").threshold == pytest.approx(0.77)
+    reasons = queries.change_history(client, experiment_id).set_index("new_version")["reason"]
+    assert "exploring 0.770 on a canary" in reasons[3] and "canary promote" in reasons[5]

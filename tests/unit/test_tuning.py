@@ -65,6 +65,31 @@ def test_never_recommends_below_the_labelled_support():
     assert not rec.candidates.set_index("threshold").loc[0.875, "supported"]
 
 
+def test_exploration_steps_below_the_labels_only_from_a_safe_best_threshold():
+    # labels start at 0.82, all correct from 0.85: 0.85 is the best supported threshold and safe
+    clean = _labels(lo=850, wrong_every=1000)
+    rec = tuning.recommend("a", 0.85, _hist(), clean, G, now_ms=NOW)
+    assert (rec.action, rec.recommended) == ("hold", pytest.approx(0.85))
+    probe = tuning.exploration(rec)
+    assert (probe.action, probe.recommended) == ("explore", pytest.approx(0.82))  # one max step, no labels there
+    assert probe.recommended_hit_rate > rec.current_hit_rate and "canary" in probe.reason
+    # once a canary has left labels down there, the same step is supported: no second exploration
+    assert tuning.exploration(tuning.recommend("a", 0.85, _hist(), _labels(lo=820), G, now_ms=NOW)) is None
+
+
+def test_exploration_never_for_changes_holds_without_support_clusters_or_empty_bands():
+    assert tuning.exploration(tuning.recommend("a", 0.88, _hist(), _labels(), G, now_ms=NOW)) is None  # a change
+    assert tuning.exploration(tuning.recommend("a", 0.85, _hist(per_bin=0), _labels(lo=850), G,
+                                               now_ms=NOW)) is None  # too few decisions: hold, no value
+    clean = _labels(lo=850, wrong_every=1000)
+    cluster = tuning.recommend("a", 0.85, _hist(), clean, G, now_ms=NOW, cluster=1)
+    assert cluster.action == "hold" and tuning.exploration(cluster) is None
+    # nothing logged between 0.82 and 0.85: lowering would serve nothing more
+    gap = _hist()
+    gap = gap[(gap["similarity_milli"] < 800) | (gap["similarity_milli"] >= 850)]
+    assert tuning.exploration(tuning.recommend("a", 0.85, gap, clean, G, now_ms=NOW)) is None
+
+
 def test_guardrails_hold():
     few = tuning.recommend("a", 0.88, _hist(per_bin=0), _labels(), G, now_ms=NOW)
     assert few.action == "hold" and "logged decisions" in few.reason
