@@ -11,8 +11,8 @@ global ones may answer it); an unscoped lookup searches only unscoped entries.
 
 Decision. Hit iff a *live* candidate's cosine similarity is >= the arm's
 threshold for the query's intent cluster and variant (canary units of an arm
-use the canary's threshold but read the arm's partition: a canary tests a
-threshold, not a cache). Holdout units bypass the cache. The arm's lexical
+use the canary's threshold, and on a multi arm its score floor / answer margin,
+but read the arm's partition: a canary tests a decision rule, not a cache). Holdout units bypass the cache. The arm's lexical
 guards (cache_core.guards) may veto the best candidate; the next candidate
 above the threshold is then tried, and if none passes the lookup is a miss
 with ``guard`` naming the guard that blocked the best one. Arms with
@@ -597,7 +597,7 @@ class SemanticCache:
             partition.lookup_waiting_since = 0.0
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
-            served, guard, ranking = self._decide(query, outcome, threshold, arm)
+            served, guard, ranking = self._decide(query, outcome, threshold, arm, req.variant)
             hit = served is not None
             if hit:
                 partition.touch(served.entry, now)
@@ -632,12 +632,12 @@ class SemanticCache:
         )
 
     @staticmethod
-    def _decide(query: str, outcome: SearchOutcome, threshold: float,
-                arm: ArmConfig) -> tuple[Candidate | None, str | None, _Ranking]:
+    def _decide(query: str, outcome: SearchOutcome, threshold: float, arm: ArmConfig,
+                variant: Variant = "base") -> tuple[Candidate | None, str | None, _Ranking]:
         """(candidate served, guard that blocked the best one, the ranking). Candidates
         come best first, so the first eligible one that every guard lets pass is served."""
         blocked_by = None
-        ranking = SemanticCache._eligible(query, outcome.candidates, threshold, arm)
+        ranking = SemanticCache._eligible(query, outcome.candidates, threshold, arm, variant)
         for candidate in ranking.eligible:
             guard = first_conflict(query, candidate.entry.query, arm.guards)
             if guard is None:
@@ -646,12 +646,12 @@ class SemanticCache:
         return None, blocked_by, ranking
 
     @staticmethod
-    def _eligible(query: str, candidates: list[Candidate], threshold: float,
-                  arm: ArmConfig) -> _Ranking:
+    def _eligible(query: str, candidates: list[Candidate], threshold: float, arm: ArmConfig,
+                  variant: Variant = "base") -> _Ranking:
         """Candidates that may be served, best first: by cosine, or re-ranked (multi)."""
         if arm.similarity == "cosine":
             return _Ranking([c for c in candidates if c.similarity >= threshold])
-        multi = arm.multi
+        multi = arm.multi_for(variant)
         ranked = rank(query, [c.entry.query for c in candidates],
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],
                       cosine_threshold=threshold, score_threshold=multi.threshold,

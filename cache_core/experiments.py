@@ -24,7 +24,8 @@ HOLDOUT_ARM = "holdout"
 
 
 class CanaryConfig(BaseModel):
-    """A pending threshold change tried on a share of one arm's units first.
+    """A pending threshold (and, on a multi arm, score floor / answer margin) change tried
+    on a share of one arm's units first.
 
     Units of the arm whose canary hash falls under ``share`` see ``threshold``;
     the dashboard promotes the canary (it becomes the arm's threshold) or rolls it
@@ -35,6 +36,16 @@ class CanaryConfig(BaseModel):
     share: float = Field(gt=0.0, le=1.0)
     target_false_hit_rate: float = Field(0.05, gt=0.0, lt=1.0)
     started_at_ms: int = 0
+    score_floor: float | None = Field(None, ge=-1.0, le=1.0)
+    """Multi arms only: the mixed-score floor the canary units use (None: the arm's)."""
+    answer_margin: float | None = Field(None, ge=0.0, le=1.0)
+    """Multi arms only: the answer margin the canary units use (None: the arm's)."""
+
+    @property
+    def multi_override(self) -> dict[str, float]:
+        """The MultiSimilarityConfig fields this canary sets."""
+        return {name: value for name, value in (("threshold", self.score_floor),
+                                                ("answer_margin", self.answer_margin)) if value is not None}
 
 
 class MultiSimilarityConfig(BaseModel):
@@ -94,6 +105,18 @@ class ArmConfig(BaseModel):
         if name == HOLDOUT_ARM:
             raise ValueError(f"arm name {HOLDOUT_ARM!r} is reserved")
         return name
+
+    @model_validator(mode="after")
+    def _multi_canary_on_multi_arm(self) -> "ArmConfig":
+        if self.canary is not None and self.canary.multi_override and self.similarity != "multi":
+            raise ValueError(f"arm {self.name!r}: a canary score floor / answer margin needs similarity 'multi'")
+        return self
+
+    def multi_for(self, variant: Variant = "base") -> MultiSimilarityConfig:
+        """The multi settings the variant's units use: a canary may try another floor / margin."""
+        if variant == "canary" and self.canary is not None and self.canary.multi_override:
+            return self.multi.model_copy(update=self.canary.multi_override)
+        return self.multi
 
     def threshold_for(self, cluster: int | None, variant: Variant = "base") -> float:
         if variant == "canary" and self.canary is not None:

@@ -332,14 +332,29 @@ def multi_push_section(view: View, config, arm: str) -> None:
                            min_value=-1.0, max_value=1.0, step=0.01, format="%.3f")
     margin = anchored_input("New answer margin", "ctl_multi_margin", anchor, multi.answer_margin, cols[1],
                             min_value=0.0, max_value=1.0, step=0.001, format="%.3f")
+    mode = st.radio("Push floor / margin as", ["direct", "canary"], key="ctl_multi_mode", horizontal=True,
+                    help="A canary tries them on a share of the arm's units (at the arm's threshold) until "
+                         "promoted or rolled back.")
+    share, target = 0.1, view.settings.dashboard.target_false_hit_rate
+    if mode == "canary":
+        c1, c2 = st.columns(2)
+        share = c1.number_input("Canary share of the arm's units", 0.01, 1.0, 0.1, 0.01, key="ctl_multi_canary_share")
+        target = c2.number_input("Roll back above false-hit rate", 0.001, 0.5, float(target), 0.005,
+                                 format="%.3f", key="ctl_multi_canary_target")
     reason = st.text_input("Reason", key="ctl_multi_reason")
     if st.button(f"Push floor / margin of {arm}", key="ctl_multi_push"):
         # The audit row's threshold columns do not move for this change: the reason says what did.
         moved = [f"{name} {old:.3f} → {new:.3f}" for name, old, new in (
             ("score floor", multi.threshold, floor), ("answer margin", multi.answer_margin, margin)) if old != new]
-        act_and_reload(view, lambda: control.set_multi(arm, score_floor=floor, answer_margin=margin),
-                       "; ".join(moved + [reason.strip()] if reason.strip() else moved),
-                       f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}")
+        changed = dict(score_floor=floor if floor != multi.threshold else None,
+                       answer_margin=margin if margin != multi.answer_margin else None)
+        if mode == "canary":
+            change = lambda: control.start_multi_canary(arm, share, target, now_ms(), **changed)
+            what = f"{arm} canary with score floor {floor:.3f}, answer margin {margin:.3f} on {share:.0%} of units"
+        else:
+            change = lambda: control.set_multi(arm, score_floor=floor, answer_margin=margin)
+            what = f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}"
+        act_and_reload(view, change, "; ".join(moved + [reason.strip()] if reason.strip() else moved), what)
 
 
 def multi_recommendation(view: View, config, arm: str) -> None:
@@ -361,6 +376,16 @@ def multi_recommendation(view: View, config, arm: str) -> None:
         return
     rec = recs[0]
     pct = lambda x: "—" if x is None or pd.isna(x) else f"{x:.1%}"
+    probe = tuning.multi_exploration(rec)
+    if probe is not None:
+        st.info(f"Auto-tune would explore on a canary: {probe.reason}. Est. hit rate there "
+                f"{pct(probe.recommended_hit_rate)} (now {pct(rec.current_hit_rate)}); its false-hit rate is "
+                "unknown until the canary's units are labelled.")
+        st.button("Use the exploration (as a canary)", key="ctl_multi_use_explore",
+                  on_click=lambda: st.session_state.update(
+                      ctl_multi_floor=probe.recommended_floor, ctl_multi_margin=probe.recommended_margin,
+                      ctl_multi_mode="canary", ctl_multi_reason=f"exploration: {probe.reason}"))
+        return
     if rec.action != "change":
         st.caption(f"Auto-tune recommends no change to {arm}'s floor / margin: {rec.reason} "
                    f"({rec.decisions} decisions; est. hit rate now {pct(rec.current_hit_rate)}).")
@@ -446,6 +471,16 @@ def margin_whatif(view: View, rule: queries.MultiRule, arm_hist, rules) -> None:
                    "decisions no label covers.")
 
 
+def canary_summary(arm) -> str:
+    """What the canary tries against what the arm runs."""
+    tried = f"canary threshold {arm.canary.threshold:.3f} (arm {arm.threshold:.3f})"
+    if arm.canary.multi_override:
+        trial, base = arm.multi_for("canary"), arm.multi
+        tried += (f", score floor {trial.threshold:.3f} (arm {base.threshold:.3f}), answer margin "
+                  f"{trial.answer_margin:.3f} (arm {base.answer_margin:.3f})")
+    return tried
+
+
 def canary_section(view: View, config) -> None:
     running = [a for a in config.arms if a.canary is not None]
     if not running:
@@ -457,8 +492,8 @@ def canary_section(view: View, config) -> None:
         n_wrong = (0, 0) if canary_rows is None else (
             int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
         decision = tuning.evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
-        st.markdown(f"**{arm.name}**: canary threshold {arm.canary.threshold:.3f} on {arm.canary.share:.0%} of "
-                    f"units (arm threshold {arm.threshold:.3f}); verdict **{decision.action}** — {decision.reason}.")
+        st.markdown(f"**{arm.name}**: {canary_summary(arm)} on {arm.canary.share:.0%} of units; verdict "
+                    f"**{decision.action}** — {decision.reason}.")
         if stats is not None:
             st.dataframe(stats, hide_index=True)
         c1, c2 = st.columns(2)

@@ -6,11 +6,13 @@ One run, for every experiment (or the ones named):
 2. each multi-similarity arm without a canary: ``tuning.recommend_multi`` over the
    lookback window picks its score floor and answer margin (replayed from the logged
    mixed scores, never under the lowest floor / margin they were logged at) and pushes
-   them with ``control.push_multi``. Always directly: a canary tries a cosine threshold
-   only (CanaryConfig has no floor / margin), so ``--canary-share`` does not apply here;
-   the steps are small (``--max-step``) and the cool-down lets the next run see their
-   effect. This comes before the thresholds: the floor / margin search reaches the band
-   of false hits itself, where an over-target threshold can only rise by the max step;
+   them with ``control.push_multi``, directly: the replay is exact there, the steps are
+   small (``--max-step``) and the cool-down lets the next run see their effect. An arm held
+   at its best replayable pair explores instead (``tuning.multi_exploration``): a canary
+   with the score floor one max step lower (``control.start_multi_canary``), judged in
+   step 1 like any canary. This comes before the thresholds: the floor / margin search
+   reaches the band of false hits itself, where an over-target threshold can only rise by
+   the max step;
 3. each arm (and, with ``--clusters``, each intent cluster) without a canary:
    ``tuning.recommend`` over the same window; an arm-level change goes out as a
    canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
@@ -125,7 +127,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
     if rules:  # before the thresholds: see the module docstring
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
-                             client=client, apply=apply, actor=actor, clock=clock)
+                             client=client, apply=apply, actor=actor, canary_share=canary_share,
+                             explore=explore, clock=clock)
     for rec in recommendations:
         if explore and canary_share > 0 and rec.arm not in touched:
             rec = tuning.exploration(rec) or rec
@@ -158,18 +161,26 @@ def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,
                 touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
-                apply: bool, actor: str, clock: Callable[[], int]) -> ExperimentConfig:
-    """Step 2 of the module docstring for multi arms' score floor and answer margin (pushed
-    directly); appends to ``actions`` and returns the config after its pushes."""
+                apply: bool, actor: str, canary_share: float, explore: bool,
+                clock: Callable[[], int]) -> ExperimentConfig:
+    """Step 2 of the module docstring for multi arms' score floor and answer margin (changes
+    pushed directly, explorations as a canary); appends to ``actions`` and returns the config
+    after its pushes."""
     recommendations = tuning.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
                                                  logged_configs(settings, client, config), guardrails,
                                                  now_ms=now, last_change_ms=last_ms)
     for rec in recommendations:
+        if explore and canary_share > 0 and rec.arm not in touched:
+            rec = tuning.multi_exploration(rec) or rec
         if rec.arm in touched and rec.action == "change":
             rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
                           reason="cool-down: this arm changed earlier in this run")
-        applied = apply and rec.action == "change"
-        if applied:
+        if apply and rec.action == "explore":
+            change = control.start_multi_canary(rec.arm, canary_share, guardrails.target_false_hit_rate, clock(),
+                                                score_floor=rec.recommended_floor)
+            config = _push(settings, config, change, actor, f"auto-tune: {rec.reason}", client, clock)
+            touched.add(rec.arm)
+        elif apply and rec.action == "change":
             moved = [f"{name} {old:.3f} -> {new:.3f}" for name, old, new in (
                 ("score floor", rec.current_floor, rec.recommended_floor),
                 ("answer margin", rec.current_margin, rec.recommended_margin)) if abs(old - new) > 1e-9]
@@ -180,6 +191,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning
                                          client=client, expected_version=config.version, clock=clock)
             config = message.experiment
             touched.add(rec.arm)
+        applied = apply and rec.action in ("change", "explore")
         actions.append(TuneAction(config.experiment_id, rec.arm, None, "multi", rec.action, rec.reason, applied,
                                   config.version if applied else None, None, rec.recommended_floor,
                                   rec.recommended_margin))
@@ -222,12 +234,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lookback-s", type=float, default=DEFAULT_LOOKBACK_S)
     p.add_argument("--clusters", action="store_true", help="also tune per intent cluster")
     p.add_argument("--canary-share", type=float, default=DEFAULT_CANARY_SHARE,
-                   help="share of an arm's units that try a threshold change first (0: push directly; "
-                        "multi arms' floor / margin always go out directly)")
+                   help="share of an arm's units that try a threshold change or an exploration first "
+                        "(0: push directly and never explore; multi arms' floor / margin changes always go "
+                        "out directly)")
     p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
     p.add_argument("--no-explore", dest="explore", action="store_false",
-                   help="never try a threshold below the labelled range on a canary (default: explore "
-                        "when --canary-share > 0)")
+                   help="never try a threshold (or multi score floor) below what the logs support on a "
+                        "canary (default: explore when --canary-share > 0)")
     p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
     p.add_argument("--actor", default="autotune")
     return p

@@ -180,11 +180,30 @@ def start_canary(arm: str, threshold: float, share: float, target_false_hit_rate
     return lambda config: _replace_arm(config, arm, canary=canary.model_dump())
 
 
+def start_multi_canary(arm: str, share: float, target_false_hit_rate: float, at_ms: int, *,
+                       score_floor: float | None = None, answer_margin: float | None = None) -> Change:
+    """Try a multi arm's new score floor and/or answer margin on a ``share`` of its units
+    first, at the arm's cosine threshold (replaces a running canary). Refuses what
+    ``set_multi`` refuses."""
+    as_pushed = set_multi(arm, score_floor=score_floor, answer_margin=answer_margin)
+    share, target = _share(share), _target(target_false_hit_rate)
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        multi = as_pushed(config).arm(arm).multi
+        canary = CanaryConfig(threshold=config.arm(arm).threshold, share=share, target_false_hit_rate=target,
+                              started_at_ms=at_ms,
+                              score_floor=None if score_floor is None else multi.threshold,
+                              answer_margin=None if answer_margin is None else multi.answer_margin)
+        return _replace_arm(config, arm, canary=canary.model_dump())
+    return change
+
+
 def promote_canary(arm: str) -> Change:
-    """The canary's threshold becomes the arm's threshold; the canary ends."""
+    """The canary's threshold (and score floor / answer margin) become the arm's; the canary ends."""
     def change(config: ExperimentConfig) -> ExperimentConfig:
         canary = _running_canary(config, arm)
-        return _replace_arm(config, arm, threshold=canary.threshold, canary=None)
+        multi = {"multi": config.arm(arm).multi_for("canary").model_dump()} if canary.multi_override else {}
+        return _replace_arm(config, arm, threshold=canary.threshold, canary=None, **multi)
     return change
 
 

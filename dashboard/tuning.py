@@ -428,12 +428,16 @@ def configs_by_version(history: pd.DataFrame, *configs: ExperimentConfig | None)
 
 
 def logged_rules(configs: dict[int, ExperimentConfig], arm: str) -> dict[int, tuple[float, float]]:
-    """config version -> (score floor, answer margin) of ``arm`` where it was a multi arm."""
+    """config version -> (score floor, answer margin) of ``arm`` where it was a multi arm.
+    With a canary that tried another floor / margin, the higher of the two each: only at
+    or above both did every unit serve what the pair serves (so its labels are there)."""
     out = {}
     for version, config in configs.items():
         if arm in [a.name for a in config.arms] and config.arm(arm).similarity == "multi":
-            multi = config.arm(arm).multi
-            out[version] = (float(multi.threshold), float(multi.answer_margin))
+            arm_config = config.arm(arm)
+            base, canary = arm_config.multi, arm_config.multi_for("canary")
+            out[version] = (float(max(base.threshold, canary.threshold)),
+                            float(max(base.answer_margin, canary.answer_margin)))
     return out
 
 
@@ -553,6 +557,30 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
                                      "score floor by the max step")
     return hold(f"no replayable floor / margin has {g.min_labelled}+ labelled hits with the false-hit bound "
                 f"under {g.target_false_hit_rate:.1%}")
+
+
+def multi_exploration(rec: MultiRecommendation) -> MultiRecommendation | None:
+    """``exploration`` for a multi arm's score floor: when ``recommend_multi`` holds at the
+    current pair because it is the best replayable one, the lowest floor under it (same
+    margin) the logs cannot replay, if the logged scores say it would serve more. Only ever
+    try it on a canary (``control.start_multi_canary``)."""
+    if (rec.recommended_floor is None or abs(rec.recommended_floor - rec.current_floor) > 1e-9
+            or abs(rec.recommended_margin - rec.current_margin) > 1e-9):
+        return None
+    table = rec.candidates
+    same_margin = table[(table["answer_margin"] - rec.current_margin).abs() < 1e-9]
+    below = same_margin[(same_margin["score_floor"] < rec.current_floor - 1e-9) & ~same_margin["replayable"]]
+    if below.empty:
+        return None
+    step = below.loc[below["score_floor"].idxmin()]
+    now_hits = same_margin.loc[(same_margin["score_floor"] - rec.current_floor).abs().idxmin(), "est_hits"]
+    if step["est_hits"] <= now_hits:
+        return None
+    return replace(rec, recommended_floor=float(step["score_floor"]), action="explore",
+                   recommended_hit_rate=step["est_hit_rate"],
+                   reason=f"exploring score floor {step['score_floor']:.3f} on a canary: {rec.current_floor:.3f} "
+                          f"is the best replayable floor (false-hit bound {rec.false_hit_upper:.1%} at "
+                          f"{rec.labelled} labels) and the logs cannot replay below it")
 
 
 def _multi_recommendation(base: dict, row: pd.Series, why: str) -> MultiRecommendation:

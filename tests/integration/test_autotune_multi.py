@@ -13,20 +13,37 @@ from tests.fixtures import dashboard_seed as seed
 pytestmark = pytest.mark.integration
 
 
+def _env(monkeypatch, kafka_settings, ch_settings, experiments_file):
+    for name, value in {"KAFKA__BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+                        "KAFKA__CONTROL_TOPIC": kafka_settings.control_topic,
+                        "CLICKHOUSE__URL": ch_settings.url, "CLICKHOUSE__DATABASE": ch_settings.database,
+                        "EXPERIMENTS_FILE": str(experiments_file)}.items():
+        monkeypatch.setenv(f"SCACHE_{name}", value)
+    get_settings.cache_clear()
+
+
 @pytest.fixture
 def multi_env(monkeypatch, kafka_settings, ch_settings, tmp_path):
     """The CLI's settings (SCACHE_* env) pointing at the test broker and warehouse, an experiment
     with a multi arm, and its logged decisions and feedback."""
     experiment_id = f"tune-multi-{uuid.uuid4().hex[:8]}"
-    for name, value in {"KAFKA__BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
-                        "KAFKA__CONTROL_TOPIC": kafka_settings.control_topic,
-                        "CLICKHOUSE__URL": ch_settings.url, "CLICKHOUSE__DATABASE": ch_settings.database,
-                        "EXPERIMENTS_FILE": str(seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id))
-                        }.items():
-        monkeypatch.setenv(f"SCACHE_{name}", value)
-    get_settings.cache_clear()
+    _env(monkeypatch, kafka_settings, ch_settings, seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id))
     client = connect(ch_settings)
     seed.seed_multi_tuning(client, experiment_id, datetime.now(timezone.utc))
+    yield experiment_id, client
+    client.close()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def safe_floor_env(monkeypatch, kafka_settings, ch_settings, tmp_path):
+    """As multi_env, but the arm's floor is 0.53, everything it served was right, and the scores
+    it refused (0.500-0.529) carry no labels: only a canary can tell whether 0.50 is safe."""
+    experiment_id = f"explore-multi-{uuid.uuid4().hex[:8]}"
+    _env(monkeypatch, kafka_settings, ch_settings,
+         seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id, floor=0.53))
+    client = connect(ch_settings)
+    seed.seed_multi_tuning(client, experiment_id, datetime.now(timezone.utc), served_from=530)
     yield experiment_id, client
     client.close()
     get_settings.cache_clear()
@@ -73,3 +90,35 @@ def test_autotune_once_raises_a_multi_arms_floor_and_audits_it(multi_env, capsys
     assert again[("control", "multi")]["action"] == "hold"
     assert "cool-down" in again[("control", "multi")]["reason"]
     assert read_latest_configs(get_settings().kafka)[experiment_id].experiment.version == 2
+
+
+def test_autotune_explores_a_lower_floor_on_a_canary_and_promotes_it(safe_floor_env, capsys):
+    experiment_id, client = safe_floor_env
+    direct = _run(capsys, "--experiment", experiment_id, "--dry-run", "--cooldown-s", "0", "--canary-share", "0")
+    assert direct[("control", "multi")]["action"] == "hold"  # no canary, no exploration
+    done = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0", "--canary-share", "0.2")
+    multi = done[("control", "multi")]
+    assert (multi["action"], multi["applied"], multi["version"]) == ("explore", True, 2)
+    assert multi["score_floor"] == pytest.approx(0.50)
+    live = read_latest_configs(get_settings().kafka)[experiment_id].experiment.arm("control")
+    assert live.multi.threshold == 0.53 and live.canary.share == 0.2  # base units keep 0.53
+    assert (live.canary.score_floor, live.canary.answer_margin, live.canary.threshold) == (
+        pytest.approx(0.50), None, 0.80)
+
+    # The canary's units, served from 0.50, come back right: 200 labelled hits, none wrong.
+    ids = [f"{experiment_id}-canary-{i}" for i in range(200)]
+    start = live.canary.started_at_ms
+    client.insert("events_raw", [["decision", rid, start + 10 + i, experiment_id, "control", "hit", True, 0.90,
+                                  "multi", 0.505, 0.05, 2, "canary"] for i, rid in enumerate(ids)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "similarity_mode", "score", "score_margin", "config_version",
+                                "variant"])
+    client.insert("feedback_raw", [[1, rid, "correct", start + 500, "test"] for rid in ids],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    after = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0", "--canary-share", "0.2")
+    assert (after[("control", "canary")]["action"], after[("control", "canary")]["version"]) == ("promote", 3)
+    arm = read_latest_configs(get_settings().kafka)[experiment_id].experiment.arm("control")
+    assert arm.canary is None and arm.multi.threshold == pytest.approx(0.50)
+    reasons = [r[0] for r in client.query("SELECT reason FROM threshold_changes WHERE experiment_id = {e:String} "
+                                          "ORDER BY new_version", parameters={"e": experiment_id}).result_rows]
+    assert "exploring score floor 0.500 on a canary" in reasons[0] and "canary promote" in reasons[1]

@@ -383,6 +383,32 @@ def test_multi_floor_recommendation_shown_and_copied_only_on_request(app_env, ch
     assert "Auto-tune recommends no change to control's floor / margin: cool-down" in _texts(at)
 
 
+def test_multi_floor_exploration_offered_and_pushed_as_a_canary(app_env, ch_settings, kafka_settings,
+                                                               monkeypatch, tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id, floor=0.53)
+    client = connect(ch_settings)
+    seed.seed_multi_tuning(client, experiment_id, datetime.now(timezone.utc), served_from=530)
+    client.close()
+    at = start()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    note = next(i.value for i in at.info if "would explore on a canary" in i.value)
+    assert "exploring score floor 0.500 on a canary: 0.530 is the best replayable floor" in note
+    at.button(key="ctl_multi_use_explore").click().run()
+    assert at.number_input(key="ctl_multi_floor").value == pytest.approx(0.50)
+    assert at.radio(key="ctl_multi_mode").value == "canary"
+    assert _control_messages(kafka_settings) == []  # copying pushes nothing
+    at.text_input(key="ctl_actor").input("tester")
+    at.button(key="ctl_multi_push").click().run()
+    assert not at.error, [e.value for e in at.error]
+    (pushed,) = _control_messages(kafka_settings)
+    arm = pushed.experiment.arm("control")
+    assert arm.multi.threshold == 0.53 and arm.canary.score_floor == pytest.approx(0.50)
+    assert arm.canary.answer_margin is None and arm.canary.share == 0.1
+    assert any("score floor 0.500 (arm 0.530)" in m.value for m in at.markdown)  # the running-canary panel
+
+
 def test_multi_arm_without_mixed_scores_says_why_no_recommendation(app_env, tmp_path):
     experiment_id, start = app_env
     seed.multi_experiments_file(tmp_path / "e.yaml", experiment_id)

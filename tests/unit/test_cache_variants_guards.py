@@ -1,6 +1,8 @@
 """Canary variants and lexical guards inside SemanticCache (hand-made similarities)."""
 from __future__ import annotations
 
+import pytest
+
 from cache_core.experiments import ArmConfig, CanaryConfig, assign
 from tests.unit.test_cache_logic import E0, make_cache
 from tests.unit.cache_helpers import at_cosine
@@ -26,6 +28,26 @@ def test_canary_units_use_canary_threshold_and_share_the_arms_partition():
     assert canary.answer == "ans" and canary.arm == base.arm == "a"
     assert [e.variant for e in sink.events] == ["canary", "base"]
     assert len(cache.partitions()) == 1                      # one store for the arm
+
+
+def test_a_multi_canary_tries_its_own_score_floor_on_the_same_ranking():
+    floor_canary = CanaryConfig(threshold=0.7, share=0.3, score_floor=0.3)
+    arm = ArmConfig(name="a", threshold=0.7, similarity="multi", multi={"threshold": 0.95}, canary=floor_canary)
+    cache, _, sink, exp = make_cache({"q": E0, "p": at_cosine(0.8)}, arm)
+    units = units_by_variant(exp)
+    cache.store("q", "ans", unit_id=units["base"][0])
+    canary = cache.lookup("p", unit_id=units["canary"][0])
+    base = cache.lookup("p", unit_id=units["base"][1])
+    assert canary.hit and canary.answer == "ans" and not base.hit   # same cosine gate, floors differ
+    scores = [(e.variant, e.score) for e in sink.events]
+    assert [v for v, _ in scores] == ["canary", "base"] and 0.3 <= scores[0][1] == scores[1][1] < 0.95
+    assert arm.multi_for("canary").threshold == 0.3 and arm.multi_for("base").threshold == 0.95
+    assert arm.multi_for("canary").answer_margin == arm.multi.answer_margin  # not set: the arm's
+
+
+def test_a_canary_floor_on_a_cosine_arm_is_refused():
+    with pytest.raises(ValueError, match="needs similarity 'multi'"):
+        ArmConfig(name="a", canary=CanaryConfig(threshold=0.7, share=0.3, answer_margin=0.02))
 
 
 def test_without_canary_everyone_is_base():

@@ -242,3 +242,24 @@ def test_the_loser_of_a_push_race_is_told_who_won_at_which_version():
     assert "at config version 9 (by carol), ahead of your push of version 8" in str(ahead)
     assert ahead.lost is mine and ahead.current.version == 9
     assert "not version 7 you loaded" in str(control.VersionConflict("exp", 7, _by(8, "bob")))
+
+
+def test_multi_canary_start_promote_rollback():
+    started = control.start_multi_canary("mixed", 0.1, 0.05, 99, score_floor=0.45)(MULTI)
+    mixed = started.arm("mixed")
+    assert (mixed.canary.threshold, mixed.canary.score_floor, mixed.canary.answer_margin) == (0.8, 0.45, None)
+    assert mixed.multi.threshold == 0.5  # base units keep the arm's floor until promoted
+    assert control.changed_arms(MULTI, started) == ["mixed"]
+    promoted = control.promote_canary("mixed")(started).arm("mixed")
+    assert promoted.canary is None and (promoted.multi.threshold, promoted.multi.answer_margin) == (0.45, 0.01)
+    assert (promoted.multi.lexical, promoted.multi.token, promoted.threshold) == ("word", 0.3, 0.8)  # rest kept
+    assert control.rollback_canary("mixed")(started).arm("mixed") == MULTI.arm("mixed")
+
+
+def test_multi_canary_refuses_what_set_multi_refuses():
+    with pytest.raises(ValueError, match="only a multi arm"):
+        control.start_multi_canary("control", 0.1, 0.05, 1, score_floor=0.45)(MULTI)
+    with pytest.raises(ValueError, match="nothing to push"):
+        control.start_multi_canary("mixed", 0.1, 0.05, 1, score_floor=0.5)(MULTI)
+    with pytest.raises(ValueError, match="canary share"):
+        control.start_multi_canary("mixed", 1.5, 0.05, 1, score_floor=0.45)

@@ -288,6 +288,35 @@ def test_multi_recommendation_lowers_only_down_to_the_lowest_logged_floor():
     assert rec.action == "hold" and "already the best" in rec.reason
 
 
+def test_multi_exploration_tries_the_unreplayable_floor_below_a_safe_best_one():
+    rules = {1: (0.48, 0.005), 2: (0.50, 0.005)}
+    refused = [(2, b, 50, 10, 10, 0, 0) for b in range(470, 500)]
+    held = tuning.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G, now_ms=NOW)
+    probe = tuning.multi_exploration(held)
+    assert (probe.action, probe.recommended_floor, probe.recommended_margin) == (
+        "explore", pytest.approx(0.47), pytest.approx(0.005))
+    assert probe.recommended_hit_rate > held.current_hit_rate and "on a canary" in probe.reason
+    # a change, or a hold where version 1's labels already cover the floors below: nothing to explore
+    changed = tuning.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 480, 600) + _band(2, 500, 600)), rules, G,
+                                     now_ms=NOW)
+    assert changed.action == "change" and tuning.multi_exploration(changed) is None
+    cooling = tuning.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G,
+                                     now_ms=NOW, last_change_ms=NOW)
+    assert cooling.action == "hold" and tuning.multi_exploration(cooling) is None
+
+
+def test_logged_rules_take_the_stricter_of_arm_and_canary():
+    arm = ArmConfig(name="m", similarity="multi", multi={"threshold": 0.5, "answer_margin": 0.01})
+    config = lambda canary, v: ExperimentConfig(experiment_id="e", salt="s", version=v, arms=[
+        arm.model_copy(update={"canary": canary})])
+    lower = CanaryConfig(threshold=0.82, share=0.1, score_floor=0.45)
+    wider = CanaryConfig(threshold=0.82, share=0.1, answer_margin=0.03)
+    rules = tuning.logged_rules({1: config(None, 1), 2: config(lower, 2), 3: config(wider, 3)}, "m")
+    # a lower canary floor serves a superset, so the arm's floor still bounds the replay; a wider
+    # canary margin refused some of what the arm's margin served, so it bounds it instead
+    assert rules == {1: (0.5, 0.01), 2: (0.5, 0.01), 3: (0.5, 0.03)}
+
+
 def test_multi_recommendation_widens_the_margin_against_near_ties():
     # Decisions leading their rival by 0.010 are half wrong; clear leads and no-rival ones are clean.
     hist = _scores(_band(1, 600, 700, margin=10, wrong=lambda b: 2 if b % 2 else 3)
