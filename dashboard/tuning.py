@@ -289,6 +289,17 @@ def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Rec
         labelled=int(row["labelled"]))
 
 
+def _step_down(table: pd.DataFrame, column: str, current: float, known: str) -> pd.Series | None:
+    """The lowest candidate row under ``current`` (in ``column``) whose ``known`` flag is off,
+    if the logs say it would serve more than the row at ``current`` (else lowering changes nothing)."""
+    below = table[(table[column] < current - 1e-9) & ~table[known].astype(bool)]
+    if below.empty:
+        return None
+    step = below.loc[below[column].idxmin()]
+    now = table.loc[(table[column] - current).abs().idxmin()]
+    return step if step["est_hits"] > now["est_hits"] else None
+
+
 def exploration(rec: Recommendation) -> Recommendation | None:
     """A canary-only step down for an arm (not a cluster) that ``recommend`` holds at its
     current threshold because that is the best supported one: the lowest candidate under it
@@ -297,12 +308,8 @@ def exploration(rec: Recommendation) -> Recommendation | None:
     it is, by construction, a threshold whose false-hit rate is unknown."""
     if rec.cluster is not None or rec.recommended is None or abs(rec.recommended - rec.current) > 1e-9:
         return None
-    table = rec.candidates
-    below = table[(table["threshold"] < rec.current - 1e-9) & ~table["supported"].astype(bool)]
-    if below.empty:
-        return None
-    step, now_row = below.iloc[0], table.loc[(table["threshold"] - rec.current).abs().idxmin()]
-    if step["est_hits"] <= now_row["est_hits"]:
+    step = _step_down(rec.candidates, "threshold", rec.current, "supported")
+    if step is None:
         return None
     return replace(rec, recommended=float(step["threshold"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
@@ -569,12 +576,8 @@ def multi_exploration(rec: MultiRecommendation) -> MultiRecommendation | None:
         return None
     table = rec.candidates
     same_margin = table[(table["answer_margin"] - rec.current_margin).abs() < 1e-9]
-    below = same_margin[(same_margin["score_floor"] < rec.current_floor - 1e-9) & ~same_margin["replayable"]]
-    if below.empty:
-        return None
-    step = below.loc[below["score_floor"].idxmin()]
-    now_hits = same_margin.loc[(same_margin["score_floor"] - rec.current_floor).abs().idxmin(), "est_hits"]
-    if step["est_hits"] <= now_hits:
+    step = _step_down(same_margin, "score_floor", rec.current_floor, "replayable")
+    if step is None:
         return None
     return replace(rec, recommended_floor=float(step["score_floor"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
