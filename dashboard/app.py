@@ -575,7 +575,8 @@ def autotune_section(view: View, config) -> None:
                    "candidates past the cosine threshold logged at the time, so thresholds below the lowest "
                    "logged one cannot be replayed: they are left out of the curve and never recommended. "
                    "Their score floor / answer margin recommendation is shown next to its inputs in the change "
-                   "section; the scheduled and command-line auto-tune push it directly (no canary).")
+                   "section; the scheduled and command-line auto-tune push a change directly and an exploration "
+                   "(a lower floor the logs cannot replay) as a canary.")
     changes = [r for r in recs if r.action in ("change", "explore")]
     if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):
         if not authorized(view):
