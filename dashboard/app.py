@@ -357,6 +357,13 @@ def multi_push_section(view: View, config, arm: str) -> None:
         act_and_reload(view, change, "; ".join(moved + [reason.strip()] if reason.strip() else moved), what)
 
 
+def logged_history(view: View, config) -> tuple[pd.DataFrame, dict]:
+    """The experiment's audit rows and every config version they, the file and ``config`` know."""
+    history = data.run(view.settings, "change_history", view.experiment_id)
+    return history, tuning.configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id),
+                                              config)
+
+
 def multi_recommendation(view: View, config, arm: str) -> None:
     """The auto-tune recommendation for a multi arm's floor / margin (what ``python -m
     dashboard.autotune`` would push, with the auto-tune section's guardrails), and a button
@@ -365,19 +372,21 @@ def multi_recommendation(view: View, config, arm: str) -> None:
     hist = optional(view, "multi_score_histogram", view.filters, rules)
     if hist is None:
         return
-    history = data.run(view.settings, "change_history", view.experiment_id)
-    configs = tuning.configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id), config)
+    history, configs = logged_history(view, config)
     last = data.run(view.settings, "last_changes", view.experiment_id)
     last_ms = queries.last_change_ms(last)
-    recs = [r for r in tuning.recommend_multi_all(config, hist, configs, page_guardrails(view), now_ms=now_ms(),
+    guardrails, now = page_guardrails(view), now_ms()
+    recs = [r for r in tuning.recommend_multi_all(config, hist, configs, guardrails, now_ms=now,
                                                   last_change_ms=last_ms) if r.arm == arm]
     if not recs:
         st.caption(f"Auto-tune: {arm} has a running canary; its floor / margin are tuned after it ends.")
         return
     rec = recs[0]
     pct = lambda x: "—" if x is None or pd.isna(x) else f"{x:.1%}"
-    probe = tuning.multi_exploration(rec)
-    if probe is not None:
+    failed = tuning.last_failed_try(tuning.rolled_back_canaries(history, configs), arm, "score_floor", now,
+                                    guardrails)
+    probe = tuning.multi_exploration(rec, failed) or rec
+    if probe.action == "explore":
         st.info(f"Auto-tune would explore on a canary: {probe.reason}. Est. hit rate there "
                 f"{pct(probe.recommended_hit_rate)} (now {pct(rec.current_hit_rate)}); its false-hit rate is "
                 "unknown until the canary's units are labelled.")
@@ -386,6 +395,7 @@ def multi_recommendation(view: View, config, arm: str) -> None:
                       ctl_multi_floor=probe.recommended_floor, ctl_multi_margin=probe.recommended_margin,
                       ctl_multi_mode="canary", ctl_multi_reason=f"exploration: {probe.reason}"))
         return
+    rec = probe  # a hold may now say why it does not explore
     if rec.action != "change":
         st.caption(f"Auto-tune recommends no change to {arm}'s floor / margin: {rec.reason} "
                    f"({rec.decisions} decisions; est. hit rate now {pct(rec.current_hit_rate)}).")
@@ -551,7 +561,9 @@ def autotune_section(view: View, config) -> None:
                             help="Also lets an arm held at its best supported threshold explore one step lower "
                                  "on the canary, where no labels exist yet.")
     if as_canary:
-        recs = [tuning.exploration(r) or r for r in recs]
+        failed, now = tuning.rolled_back_canaries(*logged_history(view, config)), now_ms()
+        recs = [tuning.exploration(r, tuning.last_failed_try(failed, r.arm, "threshold", now, guardrails)) or r
+                for r in recs]
     table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,
               "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
               "est. hit rate then": r.recommended_hit_rate, "false-hit upper bound": r.false_hit_upper,

@@ -17,9 +17,11 @@ One run, for every experiment (or the ones named):
    ``tuning.recommend`` over the same window; an arm-level change goes out as a
    canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
    change directly. An arm held at its best supported threshold with no labels below it
-   explores instead (``tuning.exploration``): a canary one max step down, which step 1
-   of a later run promotes or rolls back. Only with a canary share, never directly, and
-   ``--no-explore`` turns it off.
+   explores instead (``tuning.exploration``): a canary one max step down on
+   ``--explore-share`` of its units (default: the canary share), which step 1 of a later
+   run promotes or rolls back. Never directly; ``--no-explore`` turns it off. A canary the
+   audit shows rolled back within ``--explore-memory-s`` keeps the arm's explorations
+   above the value it tried.
 
 Every push uses the version just read (optimistic concurrency) and lands in the audit
 table, so the cool-down applies to the next run; an arm changed earlier in a run (canary
@@ -96,9 +98,12 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                     apply: bool = True, actor: str = "autotune", lookback_s: float = DEFAULT_LOOKBACK_S,
                     clusters: bool = False, canary_share: float = DEFAULT_CANARY_SHARE,
                     canary_method: Literal["sequential", "bound"] = "sequential", explore: bool = True,
-                    clock: Callable[[], int] = now_ms) -> list[TuneAction]:
-    """One auto-tune pass over one experiment (see the module docstring)."""
+                    explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
+    """One auto-tune pass over one experiment (see the module docstring). Explorations go
+    out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
     config = control.current_config(settings, experiment_id)
+    explore_share = canary_share if explore_share is None else explore_share
+    explore = explore and explore_share > 0
     actions: list[TuneAction] = []
     touched: set[str] = set()
     for arm in config.arms:
@@ -120,6 +125,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     filters = queries.Filters(experiment_id, end - timedelta(seconds=lookback_s), end + timedelta(seconds=1))
     last = queries.last_changes(client, experiment_id)
     last_ms = queries.last_change_ms(last)
+    configs = logged_configs(settings, client, config)
+    failed = tuning.rolled_back_canaries(queries.change_history(client, experiment_id), configs)
     # Multi arms' what-if re-applies their current score floor / answer margin to the logs.
     rules = queries.multi_rules(config)
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
@@ -127,11 +134,11 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
     if rules:  # before the thresholds: see the module docstring
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
-                             client=client, apply=apply, actor=actor, canary_share=canary_share,
-                             explore=explore, clock=clock)
+                             client=client, apply=apply, actor=actor, explore_share=explore_share if explore else 0,
+                             configs=configs, failed=failed, clock=clock)
     for rec in recommendations:
-        if explore and canary_share > 0 and rec.arm not in touched:
-            rec = tuning.exploration(rec) or rec
+        if explore and rec.arm not in touched:
+            rec = tuning.exploration(rec, tuning.last_failed_try(failed, rec.arm, "threshold", now, guardrails)) or rec
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
                                         "cool-down: this arm changed earlier in this run")
@@ -139,10 +146,11 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
         if applied:
             reason = f"auto-tune: {rec.reason}" if rec.action == "explore" else \
                 f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
+            share = explore_share if rec.action == "explore" else canary_share
             if rec.cluster is not None:
                 change = control.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
-            elif canary_share > 0:
-                change = control.start_canary(rec.arm, rec.recommended, canary_share,
+            elif share > 0:
+                change = control.start_canary(rec.arm, rec.recommended, share,
                                               guardrails.target_false_hit_rate, at_ms=clock())
             else:
                 change = control.set_threshold(rec.arm, rec.recommended)
@@ -161,22 +169,22 @@ def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,
                 touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
-                apply: bool, actor: str, canary_share: float, explore: bool,
-                clock: Callable[[], int]) -> ExperimentConfig:
+                apply: bool, actor: str, explore_share: float, configs: dict[int, ExperimentConfig],
+                failed: list[tuning.RolledBack], clock: Callable[[], int]) -> ExperimentConfig:
     """Step 2 of the module docstring for multi arms' score floor and answer margin (changes
-    pushed directly, explorations as a canary); appends to ``actions`` and returns the config
-    after its pushes."""
+    pushed directly, explorations as a canary on ``explore_share``, 0: none); appends to
+    ``actions`` and returns the config after its pushes."""
     recommendations = tuning.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
-                                                 logged_configs(settings, client, config), guardrails,
-                                                 now_ms=now, last_change_ms=last_ms)
+                                                 configs, guardrails, now_ms=now, last_change_ms=last_ms)
     for rec in recommendations:
-        if explore and canary_share > 0 and rec.arm not in touched:
-            rec = tuning.multi_exploration(rec) or rec
+        if explore_share > 0 and rec.arm not in touched:
+            rec = tuning.multi_exploration(
+                rec, tuning.last_failed_try(failed, rec.arm, "score_floor", now, guardrails)) or rec
         if rec.arm in touched and rec.action == "change":
             rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
                           reason="cool-down: this arm changed earlier in this run")
         if apply and rec.action == "explore":
-            change = control.start_multi_canary(rec.arm, canary_share, guardrails.target_false_hit_rate, clock(),
+            change = control.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
                                                 score_floor=rec.recommended_floor)
             config = _push(settings, config, change, actor, f"auto-tune: {rec.reason}", client, clock)
             touched.add(rec.arm)
@@ -240,7 +248,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
     p.add_argument("--no-explore", dest="explore", action="store_false",
                    help="never try a threshold (or multi score floor) below what the logs support on a "
-                        "canary (default: explore when --canary-share > 0)")
+                        "canary (default: explore when the explore share > 0)")
+    p.add_argument("--explore-share", type=float, default=None,
+                   help="share of an arm's units an exploration runs on (default: --canary-share)")
+    p.add_argument("--explore-memory-s", type=float, default=tuning.Guardrails.explore_memory_s,
+                   help="how long a rolled-back canary keeps explorations above the value it tried "
+                        "(default: 7 days)")
     p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
     p.add_argument("--actor", default="autotune")
     return p
@@ -253,16 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         guardrails = tuning.Guardrails(
             target_false_hit_rate=args.target if args.target is not None else settings.dashboard.target_false_hit_rate,
             alpha=args.alpha, min_decisions=args.min_decisions, min_labelled=args.min_labelled,
-            max_step=args.max_step, cooldown_s=args.cooldown_s)
-        if not 0 <= args.canary_share <= 1:
-            raise ValueError(f"--canary-share must be in [0, 1], got {args.canary_share}")
+            max_step=args.max_step, cooldown_s=args.cooldown_s, explore_memory_s=args.explore_memory_s)
+        for flag, share in (("--canary-share", args.canary_share), ("--explore-share", args.explore_share)):
+            if share is not None and not 0 <= share <= 1:
+                raise ValueError(f"{flag} must be in [0, 1], got {share}")
         if args.every is not None and args.every <= 0:
             raise ValueError(f"--every must be positive, got {args.every}")
     except ValueError as exc:
         print(f"autotune: {exc}", file=sys.stderr)
         return 2
     options = dict(apply=not args.dry_run, actor=args.actor, lookback_s=args.lookback_s, clusters=args.clusters,
-                   canary_share=args.canary_share, canary_method=args.canary_method, explore=args.explore)
+                   canary_share=args.canary_share, canary_method=args.canary_method, explore=args.explore,
+                   explore_share=args.explore_share)
     while True:
         try:
             for action in run_once(settings, guardrails, args.experiment, **options):

@@ -13,8 +13,10 @@ trying a step on a canary first, earns the labels for the next step. ``explorati
 takes that step when nothing else will: an arm already at its best supported threshold
 with the bound under target, and no labels below it, gets a canary one max step down
 (``action="explore"``). Its labelled hits then promote or roll it back, so auto-tune
-loosens as well as tightens, and a canary it rolled back leaves labels that stop it
-from trying the same step again.
+loosens as well as tightens. A rolled-back canary leaves labels that stop the same step
+while they are in the lookback window, and the audit remembers it for longer
+(``Guardrails.explore_memory_s``, ``rolled_back_canaries``): until then explorations of
+that arm stay above the value it tried.
 
 Multi-similarity arms: a decision counts as a hit at t only if the arm's current
 mixed-score floor and answer margin also pass its logged ``score`` / ``score_margin``
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Literal
 
 import numpy as np
@@ -72,6 +75,8 @@ class Guardrails:
     cooldown_s: float = 1800.0
     """Time since the arm's last change before the next one."""
     grid_step: float = 0.005
+    explore_memory_s: float = 7 * 86400.0
+    """How long a rolled-back canary keeps explorations at or below the value it tried."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_false_hit_rate < 1.0:
@@ -80,8 +85,8 @@ class Guardrails:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.max_step <= 0 or self.grid_step <= 0:
             raise ValueError("max_step and grid_step must be positive")
-        if self.min_decisions < 0 or self.min_labelled < 0 or self.cooldown_s < 0:
-            raise ValueError("minimum sizes and cool-down must not be negative")
+        if min(self.min_decisions, self.min_labelled, self.cooldown_s, self.explore_memory_s) < 0:
+            raise ValueError("minimum sizes, cool-down and explore memory must not be negative")
 
 
 @dataclass(frozen=True)
@@ -289,10 +294,14 @@ def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Rec
         labelled=int(row["labelled"]))
 
 
-def _step_down(table: pd.DataFrame, column: str, current: float, known: str) -> pd.Series | None:
-    """The lowest candidate row under ``current`` (in ``column``) whose ``known`` flag is off,
-    if the logs say it would serve more than the row at ``current`` (else lowering changes nothing)."""
+def _step_down(table: pd.DataFrame, column: str, current: float, known: str,
+               failed_at: float | None = None) -> pd.Series | None:
+    """The lowest candidate row under ``current`` (in ``column``) whose ``known`` flag is off and
+    that stays above ``failed_at`` (a value a rolled-back canary tried), if the logs say it would
+    serve more than the row at ``current`` (else lowering changes nothing)."""
     below = table[(table[column] < current - 1e-9) & ~table[known].astype(bool)]
+    if failed_at is not None:
+        below = below[below[column] > failed_at + 1e-9]
     if below.empty:
         return None
     step = below.loc[below[column].idxmin()]
@@ -300,22 +309,31 @@ def _step_down(table: pd.DataFrame, column: str, current: float, known: str) -> 
     return step if step["est_hits"] > now["est_hits"] else None
 
 
-def exploration(rec: Recommendation) -> Recommendation | None:
+def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recommendation | None:
     """A canary-only step down for an arm (not a cluster) that ``recommend`` holds at its
     current threshold because that is the best supported one: the lowest candidate under it
     that the labels do not reach, when some decisions sit between the two (else lowering
     changes nothing). None when there is nothing to explore. Only ever try it on a canary:
-    it is, by construction, a threshold whose false-hit rate is unknown."""
+    it is, by construction, a threshold whose false-hit rate is unknown.
+
+    ``failed`` (``last_failed_try``): a canary of this arm that tried a threshold and was
+    rolled back. The step then stays above that threshold (a smaller step), and when no
+    candidate is left the hold says why, so the arm does not retry a refuted value as soon
+    as the refuting labels leave the lookback window."""
     if rec.cluster is not None or rec.recommended is None or abs(rec.recommended - rec.current) > 1e-9:
         return None
-    step = _step_down(rec.candidates, "threshold", rec.current, "supported")
+    failed_at = failed.threshold if failed is not None else None
+    step = _step_down(rec.candidates, "threshold", rec.current, "supported", failed_at)
     if step is None:
-        return None
+        if failed_at is None or _step_down(rec.candidates, "threshold", rec.current, "supported") is None:
+            return None
+        return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('threshold')}")
+    note = f"; stays above {failed.describe('threshold')}" if failed_at is not None else ""
     return replace(rec, recommended=float(step["threshold"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring {step['threshold']:.3f} on a canary: {rec.current:.3f} is the best supported "
                           f"threshold (false-hit bound {rec.false_hit_upper:.1%} at {rec.labelled} labels) and no "
-                          f"labels reach below it")
+                          f"labels reach below it{note}")
 
 
 def _no_feasible(base: dict, table: pd.DataFrame, now_row: pd.Series, g: Guardrails) -> Recommendation:
@@ -432,6 +450,59 @@ def configs_by_version(history: pd.DataFrame, *configs: ExperimentConfig | None)
         if config is not None:
             known[config.version] = config
     return known
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """A canary the audit shows ending without its values becoming the arm's."""
+
+    arm: str
+    at_ms: int
+    """When it ended (the audit row's time)."""
+    threshold: float | None
+    """The cosine threshold it tried; None when it kept the arm's."""
+    score_floor: float | None
+    """A multi canary's score floor; None when it kept the arm's."""
+
+    def describe(self, what: Literal["threshold", "score floor"]) -> str:
+        value = self.threshold if what == "threshold" else self.score_floor
+        when = datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return f"a canary at {what} {value:.3f} was rolled back at {when}"
+
+
+def rolled_back_canaries(history: pd.DataFrame, configs: dict[int, ExperimentConfig]) -> list[RolledBack]:
+    """Every canary in queries.change_history that ended with the arm's threshold and multi
+    settings unchanged (auto-tune's or an operator's rollback, or a restore), newest first;
+    ``configs`` from ``configs_by_version``. A promotion changes the arm, so it is not one."""
+    if history.empty:
+        return []
+    found: list[RolledBack] = []
+    rows = history.drop_duplicates("new_version").sort_values("new_version", ascending=False)
+    for row in rows.itertuples(index=False):
+        before, after = configs.get(int(row.old_version)), configs.get(int(row.new_version))
+        if before is None or after is None:
+            continue
+        kept = {arm.name: arm for arm in after.arms}
+        for arm in before.arms:
+            now = kept.get(arm.name)
+            if arm.canary is None or now is None or now.canary is not None:
+                continue
+            if now.threshold != arm.threshold or now.multi != arm.multi:
+                continue
+            tried = arm.canary
+            found.append(RolledBack(arm.name, int(pd.Timestamp(row.ts).timestamp() * 1000),
+                                    tried.threshold if abs(tried.threshold - arm.threshold) > 1e-9 else None,
+                                    tried.score_floor))
+    return found
+
+
+def last_failed_try(rolled_back: list[RolledBack], arm: str, what: Literal["threshold", "score_floor"],
+                    now_ms: int, g: Guardrails) -> RolledBack | None:
+    """The rolled-back canary of ``arm`` within ``g.explore_memory_s`` that tried the highest
+    ``what`` (the one that bounds an exploration), if any."""
+    since = now_ms - g.explore_memory_s * 1000
+    tries = [r for r in rolled_back if r.arm == arm and r.at_ms >= since and getattr(r, what) is not None]
+    return max(tries, key=lambda r: getattr(r, what), default=None)
 
 
 def logged_rules(configs: dict[int, ExperimentConfig], arm: str) -> dict[int, tuple[float, float]]:
@@ -566,24 +637,29 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
                 f"under {g.target_false_hit_rate:.1%}")
 
 
-def multi_exploration(rec: MultiRecommendation) -> MultiRecommendation | None:
+def multi_exploration(rec: MultiRecommendation, failed: RolledBack | None = None) -> MultiRecommendation | None:
     """``exploration`` for a multi arm's score floor: when ``recommend_multi`` holds at the
     current pair because it is the best replayable one, the lowest floor under it (same
     margin) the logs cannot replay, if the logged scores say it would serve more. Only ever
-    try it on a canary (``control.start_multi_canary``)."""
+    try it on a canary (``control.start_multi_canary``). ``failed``: as in ``exploration``,
+    for the score floor a rolled-back canary tried."""
     if (rec.recommended_floor is None or abs(rec.recommended_floor - rec.current_floor) > 1e-9
             or abs(rec.recommended_margin - rec.current_margin) > 1e-9):
         return None
     table = rec.candidates
     same_margin = table[(table["answer_margin"] - rec.current_margin).abs() < 1e-9]
-    step = _step_down(same_margin, "score_floor", rec.current_floor, "replayable")
+    failed_at = failed.score_floor if failed is not None else None
+    step = _step_down(same_margin, "score_floor", rec.current_floor, "replayable", failed_at)
     if step is None:
-        return None
+        if failed_at is None or _step_down(same_margin, "score_floor", rec.current_floor, "replayable") is None:
+            return None
+        return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('score floor')}")
+    note = f"; stays above {failed.describe('score floor')}" if failed_at is not None else ""
     return replace(rec, recommended_floor=float(step["score_floor"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring score floor {step['score_floor']:.3f} on a canary: {rec.current_floor:.3f} "
                           f"is the best replayable floor (false-hit bound {rec.false_hit_upper:.1%} at "
-                          f"{rec.labelled} labels) and the logs cannot replay below it")
+                          f"{rec.labelled} labels) and the logs cannot replay below it{note}")
 
 
 def _multi_recommendation(base: dict, row: pd.Series, why: str) -> MultiRecommendation:

@@ -238,6 +238,26 @@ def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, mon
     assert live.arm("treatment").canary.threshold == pytest.approx(0.77) and live.arm("treatment").threshold == 0.80
 
 
+def test_autotune_explores_a_smaller_step_after_a_rolled_back_canary(app_env, ch_settings, kafka_settings,
+                                                                     monkeypatch):
+    """The panel reads the audit: treatment's canary at 0.77 was rolled back, so its next
+    exploration stays above 0.77 even though no canary labels are in the window."""
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    client = connect(ch_settings)
+    seed.seed_tuning(client, experiment_id, datetime.now(timezone.utc))
+    settings = get_settings()
+    for change, version in ((control.start_canary("treatment", 0.77, 0.1, 0.05, at_ms=1), 1),
+                            (control.rollback_canary("treatment"), 2)):
+        control.publish_change(settings, experiment_id, change, "op", "t", expected_version=version, client=client)
+    client.close()
+    at = start()
+    at.number_input(key="tune_cooldown").set_value(0).run()
+    recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
+    assert (recs.loc["treatment", "action"], recs.loc["treatment", "recommended"]) == ("explore", pytest.approx(0.775))
+    assert "stays above a canary at threshold 0.770 was rolled back" in recs.loc["treatment", "why"]
+
+
 def test_control_panel_whatif_of_a_multi_arm(app_env, ch_settings, tmp_path):
     """A multi arm's what-if re-applies its floor / margin (not the cosine reading) and says
     what it cannot replay; its answer-margin what-if is shown."""

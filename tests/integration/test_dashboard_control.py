@@ -92,13 +92,15 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
                                           explore=False)
     assert {a.arm: a.action for a in no_explore}["treatment"] == "hold"
 
-    applied = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, canary_share=0.1)
+    applied = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, canary_share=0.1,
+                                       explore_share=0.05)
     assert [a.version for a in applied if a.applied] == [2, 3]
     live = read_latest_configs(settings.kafka)[experiment_id].experiment
     canary = live.arm("control").canary
     assert canary is not None and canary.threshold == pytest.approx(0.87) and canary.share == 0.1
     probe = live.arm("treatment").canary
     assert probe is not None and probe.threshold == pytest.approx(0.77) and live.arm("treatment").threshold == 0.80
+    assert probe.share == 0.05  # explorations run on their own, smaller share
 
     # control's canary units get wrong answers (30 of 100), treatment's right ones (0 of 200:
     # the sequential test needs that many to promote at a 5% target).
@@ -112,5 +114,10 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     live = read_latest_configs(settings.kafka)[experiment_id].experiment
     assert live.arm("control").canary is None and live.arm("control").threshold == 0.90
     assert live.arm("treatment").canary is None and live.arm("treatment").threshold == pytest.approx(0.77)
-    reasons = queries.change_history(client, experiment_id).set_index("new_version")["reason"]
+    history = queries.change_history(client, experiment_id)
+    reasons = history.set_index("new_version")["reason"]
     assert "exploring 0.770 on a canary" in reasons[3] and "canary promote" in reasons[5]
+    # the audit remembers control's rollback (what bounds its later explorations), not the promotion
+    failed = tuning.rolled_back_canaries(history, autotune.logged_configs(settings, client, live))
+    assert [(f.arm, f.threshold, f.score_floor) for f in failed] == [("control", pytest.approx(0.87), None)]
+    assert abs(failed[0].at_ms - history.set_index("new_version").at[4, "ts"].timestamp() * 1000) < 1

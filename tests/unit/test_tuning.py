@@ -77,6 +77,51 @@ def test_exploration_steps_below_the_labels_only_from_a_safe_best_threshold():
     assert tuning.exploration(tuning.recommend("a", 0.85, _hist(), _labels(lo=820), G, now_ms=NOW)) is None
 
 
+def test_exploration_after_a_rolled_back_canary_takes_a_smaller_step_or_none():
+    held = tuning.recommend("a", 0.85, _hist(), _labels(lo=850, wrong_every=1000), G, now_ms=NOW)
+    refuted = lambda threshold: tuning.RolledBack("a", NOW - 1000, threshold, None)
+    smaller = tuning.exploration(held, refuted(0.82))
+    assert (smaller.action, smaller.recommended) == ("explore", pytest.approx(0.825))  # the next grid value up
+    assert "stays above a canary at threshold 0.820 was rolled back" in smaller.reason
+    blocked = tuning.exploration(held, refuted(0.845))  # nothing left between it and 0.85
+    assert (blocked.action, blocked.recommended) == ("hold", pytest.approx(0.85))
+    assert "not exploring lower: a canary at threshold 0.845" in blocked.reason
+    # a canary that kept the arm's threshold (a multi floor-only one) does not bound it
+    assert tuning.exploration(held, refuted(None)).recommended == pytest.approx(0.82)
+
+
+def _audit(*steps):
+    """configs_by_version and a change_history frame for ``steps`` of (version, {arm: ArmConfig})."""
+    configs = {v: ExperimentConfig(experiment_id="e", salt="s", version=v, arms=list(arms.values()))
+               for v, arms in steps}
+    history = pd.DataFrame([{"ts": pd.Timestamp(v * 1000, unit="ms", tz="UTC"), "arm": "x", "old_version": v - 1,
+                             "new_version": v, "config_json": configs[v].model_dump_json()} for v, _ in steps[1:]])
+    return history.iloc[::-1], configs
+
+
+def test_rolled_back_canaries_are_read_from_the_audit_and_promotions_are_not():
+    a = ArmConfig(name="a", threshold=0.85)
+    m = ArmConfig(name="m", similarity="multi", multi={"threshold": 0.5, "answer_margin": 0.01})
+    canary = lambda arm, threshold, **kw: arm.model_copy(update={"canary": CanaryConfig(
+        threshold=threshold, share=0.1, **kw)})
+    history, configs = _audit(
+        (1, {"a": a, "m": m}),
+        (2, {"a": canary(a, 0.82), "m": m}),
+        (3, {"a": canary(a, 0.80), "m": m}),                 # replaced by another canary: not an end
+        (4, {"a": a, "m": m}),                               # rolled back: tried 0.80
+        (5, {"a": canary(a, 0.83), "m": canary(m, m.threshold, score_floor=0.45)}),
+        (6, {"a": a.model_copy(update={"threshold": 0.83}), "m": m}),  # a promoted; m's floor rolled back
+    )
+    found = tuning.rolled_back_canaries(history, configs)
+    assert found == [tuning.RolledBack("m", 6000, None, 0.45), tuning.RolledBack("a", 4000, 0.80, None)]
+    week = tuning.Guardrails(explore_memory_s=3600)
+    assert tuning.last_failed_try(found, "a", "threshold", 6000, week).threshold == 0.80
+    assert tuning.last_failed_try(found, "a", "threshold", 4000 + 3_601_000, week) is None  # forgotten
+    assert tuning.last_failed_try(found, "a", "score_floor", 6000, week) is None
+    assert tuning.last_failed_try(found, "m", "score_floor", 6000, week).score_floor == 0.45
+    assert tuning.rolled_back_canaries(history.iloc[0:0], configs) == []
+
+
 def test_exploration_never_for_changes_holds_without_support_clusters_or_empty_bands():
     assert tuning.exploration(tuning.recommend("a", 0.88, _hist(), _labels(), G, now_ms=NOW)) is None  # a change
     assert tuning.exploration(tuning.recommend("a", 0.85, _hist(per_bin=0), _labels(lo=850), G,
