@@ -96,6 +96,19 @@ class ControlFold:
     def winner(self, experiment_id: str) -> Winner | None:
         return self._winners.get(experiment_id)
 
+    def history(self, experiment_id: str) -> list[ControlMessage]:
+        """The experiment's surviving messages that won when folded in, in topic order: each
+        version that was in force, once (a racing loser, or a version at or under the base's,
+        is left out). What an audit of the topic would list."""
+        base = self._base.get(experiment_id)
+        best = base.version if base is not None else None
+        won = []
+        for _, message in self._records.get(experiment_id, []):
+            if best is None or message.experiment.version > best:
+                won.append(message)
+                best = message.experiment.version
+        return won
+
     def winners(self) -> dict[str, Winner]:
         return dict(self._winners)
 

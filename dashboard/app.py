@@ -236,6 +236,20 @@ def decomposition_section(view: View, frames: dict) -> None:
 
 # -- control panel ---------------------------------------------------------------------
 
+def audit_from_topic(view: View) -> None:
+    """``control.sync_audit``, so the panel (which reads configs from the warehouse) sees
+    admin-API pushes; a broker that cannot be read leaves the panel as it was, with a warning."""
+    try:
+        written = control.sync_audit(view.settings, view.experiment_id, data.client(view.settings))
+    except Exception as exc:  # the broker or warehouse is down: reloading what the warehouse has still helps
+        st.session_state["ctl_flash_warning"] = f"Could not read the control topic to audit missing versions: {exc}"
+        return
+    if written:
+        st.session_state.setdefault("ctl_flash", []).append(
+            f"Audited config version(s) {', '.join(map(str, written))} from the control topic "
+            "(pushed past the dashboard).")
+
+
 def control_panel(view: View) -> None:
     if view.config is None:
         st.info("This experiment has no definition to change (it only appears in the data).")
@@ -248,12 +262,16 @@ def control_panel(view: View) -> None:
     if config.version != loaded:
         st.warning(f"The config moved to version {config.version} since you loaded version {loaded}; "
                    "pushes will be refused until you reload.")
-    if st.button("Reload latest config", key="ctl_reload"):
+    if st.button("Reload latest config", key="ctl_reload",
+                 help="Also audits versions pushed past the dashboard (the cache's admin API)."):
+        audit_from_topic(view)
         data.clear()
         st.session_state.pop(pin, None)
         st.rerun()
     for message in st.session_state.pop("ctl_flash", []):
         st.success(message)
+    if "ctl_flash_warning" in st.session_state:
+        st.warning(st.session_state.pop("ctl_flash_warning"))
     st.text_input("Your name", key="ctl_actor")
     if view.settings.dashboard.admin_token is not None:
         st.text_input("Admin token", type="password", key="ctl_token")

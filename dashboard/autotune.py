@@ -23,8 +23,10 @@ One run, for every experiment (or the ones named):
    audit shows rolled back within ``--explore-memory-s`` keeps the arm's explorations
    above the value it tried.
 
-Every push uses the version just read (optimistic concurrency) and lands in the audit
-table, so the cool-down applies to the next run; an arm changed earlier in a run (canary
+A run first audits config versions that reached the control topic without audit rows
+(``control.sync_audit``: pushes through the cache's admin API). Every push uses the
+version just read (optimistic concurrency) and lands in the audit table, so the
+cool-down applies to the next run; an arm changed earlier in a run (canary
 verdict, floor / margin) holds its other changes until the next one.
 
 CLI (any scheduler can run it)::
@@ -101,6 +103,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                     explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring). Explorations go
     out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
+    if apply:  # admin-API pushes reach only the topic: audit them, so the history below is whole
+        control.sync_audit(settings, experiment_id, client)
     config = control.current_config(settings, experiment_id)
     explore_share = canary_share if explore_share is None else explore_share
     explore = explore and explore_share > 0
@@ -162,9 +166,11 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
 
 
 def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict[int, ExperimentConfig]:
-    """Every config version of the experiment known to the audit, the experiments file and the live one."""
+    """Every config version of the experiment known to the audit, the experiments file, the
+    control topic (admin-API pushes have no audit rows until ``control.sync_audit``) and the live one."""
+    topic = [m.experiment for m in control.config_history(settings, config.experiment_id)]
     return tuning.configs_by_version(queries.change_history(client, config.experiment_id),
-                                     control.file_configs(settings).get(config.experiment_id), config)
+                                     control.file_configs(settings).get(config.experiment_id), *topic, config)
 
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,

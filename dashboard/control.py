@@ -361,6 +361,51 @@ def record_change(client, message: ControlMessage, arm: str | Sequence[str], old
     client.insert("experiments", [definition], column_names=EXPERIMENT_COLUMNS)
 
 
+TOPIC_AUDIT_NOTE = "[audited from the control topic]"
+
+
+def config_history(settings: Settings, experiment_id: str,
+                   base: dict[str, ExperimentConfig] | None = None) -> list[ControlMessage]:
+    """Every control message that put a version of the experiment in force, oldest first
+    (``ControlFold.history`` over the experiments file, or ``base``)."""
+    from cache_core.control import read_control
+    return read_control(settings.kafka, base=file_configs(settings) if base is None else base).history(experiment_id)
+
+
+def sync_audit(settings: Settings, experiment_id: str, client) -> list[int]:
+    """Audit the versions in force that have no audit rows yet, from the control topic.
+
+    Pushes through the cache's admin API (``PUT /v1/admin/experiments``) reach the topic
+    but not ClickHouse, and a push whose audit write failed (AuditWriteError) is live all
+    the same. Without their rows the change history has gaps, and auto-tune cannot tell
+    which score floor a multi arm's decisions were logged at. Each missing version gets
+    rows for the arms it changed against the version before it (every arm when only other
+    settings changed), with the message's actor, time and reason (marked
+    ``TOPIC_AUDIT_NOTE``). Returns the versions written; raises ControlError when the
+    topic cannot be read."""
+    from dashboard.queries import audited_versions
+
+    base = file_configs(settings)
+    history = config_history(settings, experiment_id, base)
+    audited = audited_versions(client, experiment_id)
+    previous, written = base.get(experiment_id), []
+    for message in history:
+        config = message.experiment
+        if config.version not in audited:
+            before = {a.name: a for a in previous.arms} if previous is not None else {}
+            arms = (changed_arms(previous, config) if previous is not None else []) or \
+                [a.name for a in config.arms if before.get(a.name) != a] or _names(config)
+            noted = message.model_copy(update={"reason": f"{message.reason} {TOPIC_AUDIT_NOTE}".strip()})
+            record_change(client, noted, arms, {a: before[a].threshold if a in before else None for a in arms},
+                          previous.version if previous is not None else 0)
+            written.append(config.version)
+        previous = config
+    if written:
+        log.info("audited config versions from the control topic",
+                 extra={"experiment_id": experiment_id, "versions": written})
+    return written
+
+
 def publish_change(settings: Settings, experiment_id: str, change: Change, actor: str, reason: str,
                    *, expected_version: int | None, client=None,
                    clock: Callable[[], int] = now_ms) -> ControlMessage:

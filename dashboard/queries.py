@@ -333,6 +333,12 @@ GROUP BY arm
 ORDER BY arm
 """
 
+AUDITED_VERSIONS_SQL = """
+SELECT DISTINCT new_version
+FROM threshold_changes
+WHERE experiment_id = {experiment_id:String}
+"""
+
 CHANGE_HISTORY_SQL = """
 SELECT ts, arm, actor, old_threshold, new_threshold, old_version, new_version,
        reason, canary_share, config_json
@@ -519,6 +525,12 @@ def change_history(client, experiment_id: str, limit: int = 200) -> pd.DataFrame
     if not df.empty:
         df["ts"] = pd.to_datetime(df["ts"], utc=True)
     return df
+
+
+def audited_versions(client, experiment_id: str) -> set[int]:
+    """Config versions of the experiment that have audit rows."""
+    result = client.query(AUDITED_VERSIONS_SQL, parameters={"experiment_id": experiment_id})
+    return {int(row[0]) for row in result.result_rows}
 
 
 def late_events(client, filters: Filters) -> pd.DataFrame:

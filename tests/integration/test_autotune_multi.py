@@ -122,3 +122,34 @@ def test_autotune_explores_a_lower_floor_on_a_canary_and_promotes_it(safe_floor_
     reasons = [r[0] for r in client.query("SELECT reason FROM threshold_changes WHERE experiment_id = {e:String} "
                                           "ORDER BY new_version", parameters={"e": experiment_id}).result_rows]
     assert "exploring score floor 0.500 on a canary" in reasons[0] and "canary promote" in reasons[1]
+
+
+def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(multi_env, capsys):
+    """Versions 2 and 3 reached only the control topic (as PUT /v1/admin/experiments pushes do),
+    and decisions were logged at 2: auto-tune still knows its floor from the topic, even dry
+    (before, only the live version and audited ones were known), and a real run audits both."""
+    from cache_core.control import publish_confirmed
+    from cache_core.events import ControlMessage
+    from dashboard import control
+    experiment_id, client = multi_env
+    settings = get_settings()
+    live = control.current_config(settings, experiment_id)
+    for version, threshold in ((2, 0.82), (3, 0.83)):
+        admin = control.set_threshold("treatment", threshold)(live).model_copy(update={"version": version})
+        publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api"),
+                          base=control.file_configs(settings))
+    ts_ms = int(datetime.now(timezone.utc).timestamp() * 1000) - 1000
+    client.insert("events_raw", [["decision", f"{experiment_id}-v2-{i}", ts_ms + i, experiment_id, "control", "hit",
+                                  True, 0.90, "multi", 0.60, 0.05, 2, "base"] for i in range(10)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "similarity_mode", "score", "score_margin", "config_version",
+                                "variant"])
+    dry = _run(capsys, "--experiment", experiment_id, "--dry-run", "--cooldown-s", "0")
+    assert dry[("control", "multi")]["action"] == "change", dry[("control", "multi")]["reason"]
+    assert control.sync_audit(settings, experiment_id, client) == [2, 3]  # dry wrote nothing
+    client.command("DELETE FROM threshold_changes WHERE experiment_id = {e:String}", parameters={"e": experiment_id})
+    done = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0")
+    assert (done[("control", "multi")]["action"], done[("control", "multi")]["version"]) == ("change", 4)
+    rows = client.query("SELECT new_version, actor FROM threshold_changes WHERE experiment_id = {e:String} "
+                        "ORDER BY new_version", parameters={"e": experiment_id}).result_rows
+    assert rows == [(2, "admin-api"), (3, "admin-api"), (4, "autotune")]

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from cache_core.chclient import connect
 from cache_core.events import ControlMessage
 from cache_core.settings import get_settings
-from dashboard import control
+from dashboard import control, queries
 from infra.runtime import REPO_ROOT
 from tests.fixtures import dashboard_seed as seed
 
@@ -194,6 +194,26 @@ def test_push_refused_when_config_moved_since_loading(app_env, kafka_settings, m
     at.number_input(key="ctl_threshold").set_value(0.70)
     at.button(key="ctl_push").click().run()
     assert "config version 3" in at.success[0].value
+
+
+def test_reload_audits_a_version_pushed_past_the_dashboard(app_env, ch_settings, kafka_settings, monkeypatch):
+    """An admin-API push reaches only the topic; the panel, which reads configs from the
+    warehouse, shows it after Reload audits it, and the history lists it."""
+    from cache_core.control import publish_confirmed
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    at = start()
+    settings = get_settings()
+    live = control.current_config(settings, experiment_id)
+    admin = control.set_threshold("treatment", 0.74)(live).model_copy(update={"version": 2})
+    publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops"),
+                      base=control.file_configs(settings))
+    at.button(key="ctl_reload").click().run()
+    assert not at.exception, at.exception
+    assert any("Audited config version(s) 2 from the control topic" in m.value for m in at.success)
+    assert any("Config version 2 loaded, last updated by" in c.value for c in at.caption)
+    history = queries.change_history(connect(ch_settings), experiment_id)
+    assert history[["actor", "new_version", "new_threshold"]].values.tolist() == [["admin-api", 2, 0.74]]
 
 
 def test_rollback_needs_the_admin_token(app_env, kafka_settings, monkeypatch):

@@ -52,6 +52,33 @@ def test_canary_promote_then_rollback_publishes_new_versions(env):
     assert rows.set_index("new_version").at[2, "canary_share"] == 0.2
 
 
+def test_admin_api_pushes_are_audited_from_the_control_topic(env):
+    """A push that reached only the topic (the cache's admin API has no warehouse) gets its
+    audit rows from sync_audit, once; a racing loser on the topic is never audited."""
+    from cache_core.control import publish_confirmed, publish_control
+    from cache_core.events import ControlMessage
+    settings, experiment_id, client = env
+    live = control.current_config(settings, experiment_id)
+    admin = control.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
+    publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops", ts_ms=5_000),
+                      base=control.file_configs(settings))
+    loser = control.set_threshold("control", 0.99)(live).model_copy(update={"version": 2})
+    publish_control(settings.kafka, ControlMessage(experiment=loser, actor="late", ts_ms=6_000))
+    assert control.sync_audit(settings, experiment_id, client) == [2]
+    rows = queries.change_history(client, experiment_id)
+    assert rows[["arm", "actor", "old_threshold", "new_threshold", "old_version", "new_version"]].values.tolist() == [
+        ["treatment", "admin-api", 0.80, 0.75, 1, 2]]
+    assert rows["reason"].iloc[0] == f"ops {control.TOPIC_AUDIT_NOTE}"
+    assert rows["ts"].iloc[0].timestamp() == 5.0
+    assert control.sync_audit(settings, experiment_id, client) == []  # already audited
+    # the dashboard's next push builds on it and audits itself
+    pushed = control.push_threshold(settings, experiment_id, "control", 0.91, "op", "", client=client,
+                                    expected_version=2)
+    assert pushed.experiment.arm("treatment").threshold == 0.75
+    assert control.sync_audit(settings, experiment_id, client) == []
+    assert queries.audited_versions(client, experiment_id) == {2, 3}
+
+
 def test_cluster_threshold_push_is_audited(env):
     settings, experiment_id, client = env
     msg = control.publish_change(settings, experiment_id, control.set_cluster_threshold("control", 7, 0.93),

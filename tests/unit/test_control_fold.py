@@ -169,3 +169,15 @@ def test_registry_removes_a_topic_only_experiment_and_moves_the_default():
     with pytest.raises(KeyError):
         reg.get()
 
+
+
+def test_history_lists_each_version_in_force_once_in_topic_order():
+    base = {"exp": msg(1, "file").experiment}
+    two, loser, stale, three = msg(2, "alice"), msg(2, "bob"), msg(1, "old"), msg(3, "carol")
+    fold = ControlFold(base)
+    for m in (two, loser, stale, msg(1, experiment_id="other"), three):
+        fold.offer(key(m), m)
+    assert [m.actor for m in fold.history("exp")] == ["alice", "carol"]  # bob lost v2, old is under the file's
+    assert [m.actor for m in fold.history("other")] == ["a"] and fold.history("nobody") == []
+    fold.offer(key(two), None)  # a tombstone removes alice's record: bob's v2 is what survives
+    assert [m.actor for m in fold.history("exp")] == ["bob", "carol"]
