@@ -575,9 +575,10 @@ def autotune_section(view: View, config) -> None:
     last_ms = queries.last_change_ms(last)
     recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
                                 clusters=per_cluster)
-    as_canary = st.checkbox("Apply arm-level changes as a canary (10% of units)", value=True, key="tune_as_canary",
+    as_canary = st.checkbox("Apply arm-level changes as a canary", value=True, key="tune_as_canary",
                             help="Also lets an arm held at its best supported threshold explore one step lower "
-                                 "on the canary, where no labels exist yet.")
+                                 "on a canary, where no labels exist yet.")
+    shares = canary_shares(as_canary)
     if as_canary:
         failed, now = tuning.rolled_back_canaries(*logged_history(view, config)), now_ms()
         recs = [tuning.exploration(r, tuning.last_failed_try(failed, r.arm, "threshold", now, guardrails)) or r
@@ -615,8 +616,10 @@ def autotune_section(view: View, config) -> None:
             if r.cluster is not None:
                 change = lambda r=r: control.set_cluster_threshold(r.arm, r.cluster, r.recommended)
             elif as_canary:
-                change = lambda r=r: control.start_canary(r.arm, r.recommended, 0.1,
-                                                          guardrails.target_false_hit_rate, at_ms=now_ms())
+                share = shares.explore if r.action == "explore" else shares.change
+                change = lambda r=r, share=share: control.start_canary(r.arm, r.recommended, share,
+                                                                      guardrails.target_false_hit_rate,
+                                                                      at_ms=now_ms())
             else:
                 change = lambda r=r: control.set_threshold(r.arm, r.recommended)
             if not act(view, change, f"auto-tune recommendation: {r.reason}",
@@ -624,10 +627,31 @@ def autotune_section(view: View, config) -> None:
                 break
         else:
             st.rerun()
-    scheduled_autotune(view, guardrails, per_cluster, as_canary)
+    scheduled_autotune(view, guardrails, per_cluster, shares)
 
 
-def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: bool, as_canary: bool) -> None:
+@dataclass(frozen=True)
+class CanaryShares:
+    change: float
+    """Share of an arm's units a recommended change is tried on first (0: pushed directly)."""
+    explore: float
+    """Share an exploration runs on (0: no explorations)."""
+
+
+def canary_shares(as_canary: bool) -> CanaryShares:
+    if not as_canary:
+        return CanaryShares(0.0, 0.0)
+    cols = st.columns(2)
+    change = cols[0].number_input("Canary share", 0.01, 1.0, 0.10, 0.01, format="%.2f", key="tune_canary_share",
+                                  help="Share of an arm's units that try a recommended change first.")
+    explore = cols[1].number_input("Exploration share", 0.01, 1.0, 0.10, 0.01, format="%.2f",
+                                   key="tune_explore_share",
+                                   help="Share an exploration (a threshold no label reaches yet) runs on; "
+                                        "smaller risks fewer users while it is judged, but takes longer.")
+    return CanaryShares(float(change), float(explore))
+
+
+def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: bool, shares: CanaryShares) -> None:
     every = st.number_input("Re-tune every (s)", 30, 86400, 300, 30, key="tune_every")
     on = st.toggle("Auto-tune on a schedule while this page is open", key="tune_scheduled")
     st.caption("Unattended: run `python -m dashboard.autotune --every N` under any scheduler; it applies the same "
@@ -643,7 +667,7 @@ def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: b
             actions = autotune.tune_experiment(
                 view.settings, view.experiment_id, guardrails, client=data.client(view.settings),
                 actor=f"autotune ({st.session_state.get('ctl_actor', '').strip()})", clusters=per_cluster,
-                canary_share=0.1 if as_canary else 0.0)
+                canary_share=shares.change, explore_share=shares.explore)
         except Exception as exc:
             st.error(f"Auto-tune run failed: {exc}")
             return

@@ -250,12 +250,14 @@ def test_autotune_recommendation_shown(app_env, ch_settings, kafka_settings, mon
     recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
     assert recs.loc["treatment", "action"] == "hold" and at.button(key="tune_apply").label.startswith("Apply 1")
     at.checkbox(key="tune_as_canary").check().run()
+    at.number_input(key="tune_explore_share").set_value(0.05).run()
     at.text_input(key="ctl_actor").input("tester")
     at.button(key="tune_apply").click().run()
     assert not at.error, [e.value for e in at.error]
     live = _control_messages(kafka_settings)[-1].experiment
-    assert live.arm("control").canary.threshold == pytest.approx(0.87)
+    assert (live.arm("control").canary.threshold, live.arm("control").canary.share) == (pytest.approx(0.87), 0.1)
     assert live.arm("treatment").canary.threshold == pytest.approx(0.77) and live.arm("treatment").threshold == 0.80
+    assert live.arm("treatment").canary.share == pytest.approx(0.05)  # the exploration's own share
 
 
 def test_autotune_explores_a_smaller_step_after_a_rolled_back_canary(app_env, ch_settings, kafka_settings,
