@@ -328,7 +328,7 @@ def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recomm
         if failed_at is None or _step_down(rec.candidates, "threshold", rec.current, "supported") is None:
             return None
         return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('threshold')}")
-    note = f"; stays above {failed.describe('threshold')}" if failed_at is not None else ""
+    note = f"; a smaller step: {failed.describe('threshold')}" if failed_at is not None else ""
     return replace(rec, recommended=float(step["threshold"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring {step['threshold']:.3f} on a canary: {rec.current:.3f} is the best supported "
@@ -654,7 +654,7 @@ def multi_exploration(rec: MultiRecommendation, failed: RolledBack | None = None
         if failed_at is None or _step_down(same_margin, "score_floor", rec.current_floor, "replayable") is None:
             return None
         return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('score floor')}")
-    note = f"; stays above {failed.describe('score floor')}" if failed_at is not None else ""
+    note = f"; a smaller step: {failed.describe('score floor')}" if failed_at is not None else ""
     return replace(rec, recommended_floor=float(step["score_floor"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring score floor {step['score_floor']:.3f} on a canary: {rec.current_floor:.3f} "

@@ -367,10 +367,11 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
             log.exception("control publish failed", extra={"experiment_id": experiment_id})
             return JSONResponse(status_code=503, content={
                 "detail": f"control topic unavailable, config not applied: {type(exc).__name__}"})
-        applied = registry.apply(message)
+        registry.apply(message)  # False when this instance's control listener installed it first
+        in_force = registry.get(experiment_id).version
         metrics.admin.labels("put_experiment").inc()
-        return {"applied": applied, "published": True, "experiment_id": experiment_id,
-                "version": registry.get(experiment_id).version}
+        return {"applied": in_force >= config.version, "published": True, "experiment_id": experiment_id,
+                "version": in_force}
 
     @app.delete("/v1/admin/namespaces/{namespace}")
     def delete_namespace(namespace: str, request: Request):

@@ -277,7 +277,7 @@ def test_autotune_explores_a_smaller_step_after_a_rolled_back_canary(app_env, ch
     at.number_input(key="tune_cooldown").set_value(0).run()
     recs = next(d.value for d in at.dataframe if "why" in d.value.columns).set_index("arm")
     assert (recs.loc["treatment", "action"], recs.loc["treatment", "recommended"]) == ("explore", pytest.approx(0.775))
-    assert "stays above a canary at threshold 0.770 was rolled back" in recs.loc["treatment", "why"]
+    assert "a smaller step: a canary at threshold 0.770 was rolled back" in recs.loc["treatment", "why"]
 
 
 def test_control_panel_whatif_of_a_multi_arm(app_env, ch_settings, tmp_path):

@@ -82,7 +82,7 @@ def test_exploration_after_a_rolled_back_canary_takes_a_smaller_step_or_none():
     refuted = lambda threshold: tuning.RolledBack("a", NOW - 1000, threshold, None)
     smaller = tuning.exploration(held, refuted(0.82))
     assert (smaller.action, smaller.recommended) == ("explore", pytest.approx(0.825))  # the next grid value up
-    assert "stays above a canary at threshold 0.820 was rolled back" in smaller.reason
+    assert "a smaller step: a canary at threshold 0.820 was rolled back" in smaller.reason
     blocked = tuning.exploration(held, refuted(0.845))  # nothing left between it and 0.85
     assert (blocked.action, blocked.recommended) == ("hold", pytest.approx(0.85))
     assert "not exploring lower: a canary at threshold 0.845" in blocked.reason
@@ -341,6 +341,12 @@ def test_multi_exploration_tries_the_unreplayable_floor_below_a_safe_best_one():
     assert (probe.action, probe.recommended_floor, probe.recommended_margin) == (
         "explore", pytest.approx(0.47), pytest.approx(0.005))
     assert probe.recommended_hit_rate > held.current_hit_rate and "on a canary" in probe.reason
+    # after a canary at floor 0.47 was rolled back: a smaller step; at 0.495, none
+    smaller = tuning.multi_exploration(held, tuning.RolledBack("m", NOW, None, 0.47))
+    assert (smaller.action, smaller.recommended_floor) == ("explore", pytest.approx(0.475))
+    assert "a smaller step: a canary at score floor 0.470 was rolled back" in smaller.reason
+    blocked = tuning.multi_exploration(held, tuning.RolledBack("m", NOW, None, 0.495))
+    assert blocked.action == "hold" and "not exploring lower" in blocked.reason
     # a change, or a hold where version 1's labels already cover the floors below: nothing to explore
     changed = tuning.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 480, 600) + _band(2, 500, 600)), rules, G,
                                      now_ms=NOW)
