@@ -33,6 +33,7 @@ from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, M
                                     load_experiments)
 from cache_core.registry import Winner
 from cache_core.settings import Settings
+from dashboard.queries import TOPIC_AUDIT_NOTE
 from dashboard.tuning import servable
 
 log = logging.getLogger(__name__)
@@ -361,7 +362,6 @@ def record_change(client, message: ControlMessage, arm: str | Sequence[str], old
     client.insert("experiments", [definition], column_names=EXPERIMENT_COLUMNS)
 
 
-TOPIC_AUDIT_NOTE = "[audited from the control topic]"
 
 
 def config_history(settings: Settings, experiment_id: str,

@@ -339,13 +339,19 @@ FROM threshold_changes
 WHERE experiment_id = {experiment_id:String}
 """
 
-CHANGE_HISTORY_SQL = """
+TOPIC_AUDIT_NOTE = "[audited from the control topic]"
+"""Ends the reason of audit rows written from the control topic (dashboard.control.sync_audit)."""
+
+# One row per version and arm: a sync racing the pusher's own audit write may have written
+# both; the pusher's row (not marked TOPIC_AUDIT_NOTE) is kept.
+CHANGE_HISTORY_SQL = f"""
 SELECT ts, arm, actor, old_threshold, new_threshold, old_version, new_version,
        reason, canary_share, config_json
 FROM threshold_changes
-WHERE experiment_id = {experiment_id:String}
-ORDER BY new_version DESC, ts DESC
-LIMIT {limit:UInt32}
+WHERE experiment_id = {{experiment_id:String}}
+ORDER BY new_version DESC, ts DESC, arm, endsWith(reason, '{TOPIC_AUDIT_NOTE}')
+LIMIT 1 BY new_version, arm
+LIMIT {{limit:UInt32}}
 """
 
 LATE_EVENTS_SQL = """

@@ -4,6 +4,7 @@ from datetime import datetime, timezone
 import pytest
 
 from cache_core.control import read_latest_configs
+from cache_core.events import ControlMessage
 from dashboard import autotune, control, queries, tuning
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_dashboard_app import _control_messages
@@ -56,7 +57,6 @@ def test_admin_api_pushes_are_audited_from_the_control_topic(env):
     """A push that reached only the topic (the cache's admin API has no warehouse) gets its
     audit rows from sync_audit, once; a racing loser on the topic is never audited."""
     from cache_core.control import publish_confirmed, publish_control
-    from cache_core.events import ControlMessage
     settings, experiment_id, client = env
     live = control.current_config(settings, experiment_id)
     admin = control.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
@@ -71,6 +71,11 @@ def test_admin_api_pushes_are_audited_from_the_control_topic(env):
     assert rows["reason"].iloc[0] == f"ops {control.TOPIC_AUDIT_NOTE}"
     assert rows["ts"].iloc[0].timestamp() == 5.0
     assert control.sync_audit(settings, experiment_id, client) == []  # already audited
+    # a sync that raced the pusher's own audit write left two rows for v2: the pusher's is shown
+    control.record_change(client, ControlMessage(experiment=admin, actor="admin-api", reason="pusher", ts_ms=5_000),
+                          "treatment", 0.80, 1)
+    rows = queries.change_history(client, experiment_id)
+    assert rows[["new_version", "arm", "reason"]].values.tolist() == [[2, "treatment", "pusher"]]
     # the dashboard's next push builds on it and audits itself
     pushed = control.push_threshold(settings, experiment_id, "control", 0.91, "op", "", client=client,
                                     expected_version=2)
