@@ -248,9 +248,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lookback-s", type=float, default=DEFAULT_LOOKBACK_S)
     p.add_argument("--clusters", action="store_true", help="also tune per intent cluster")
     p.add_argument("--canary-share", type=float, default=DEFAULT_CANARY_SHARE,
-                   help="share of an arm's units that try a threshold change or an exploration first "
-                        "(0: push directly and never explore; multi arms' floor / margin changes always go "
-                        "out directly)")
+                   help="share of an arm's units that try a threshold change first (0: push directly; "
+                        "also the exploration share unless --explore-share is given; multi arms' floor / "
+                        "margin changes always go out directly)")
     p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
     p.add_argument("--no-explore", dest="explore", action="store_false",
                    help="never try a threshold (or multi score floor) below what the logs support on a "
@@ -260,7 +260,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--explore-memory-s", type=float, default=tuning.Guardrails.explore_memory_s,
                    help="how long a rolled-back canary keeps explorations above the value it tried "
                         "(default: 7 days)")
-    p.add_argument("--dry-run", action="store_true", help="recommend and evaluate, publish nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="recommend and evaluate, publish nothing and write no audit rows")
     p.add_argument("--actor", default="autotune")
     return p
 
