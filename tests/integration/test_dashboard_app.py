@@ -216,6 +216,17 @@ def test_reload_audits_a_version_pushed_past_the_dashboard(app_env, ch_settings,
     assert history[["actor", "new_version", "new_threshold"]].values.tolist() == [["admin-api", 2, 0.74]]
 
 
+def test_reload_with_the_broker_down_warns_and_still_reloads(app_env, monkeypatch):
+    from infra.runtime import free_port
+    experiment_id, start = app_env
+    monkeypatch.setenv("SCACHE_KAFKA__BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")  # nothing listens
+    at = start()
+    at.button(key="ctl_reload").click().run()
+    assert not at.exception, at.exception
+    assert any("Could not read the control topic" in w.value for w in at.warning)
+    assert any("Config version 1 loaded" in c.value for c in at.caption)
+
+
 def test_rollback_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
     experiment_id, start = app_env
     _kafka_env(monkeypatch, kafka_settings)
