@@ -46,7 +46,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from cache_core.events import now_ms
+import pandas as pd
+
+from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, get_settings
 from dashboard import control, queries, tuning
@@ -103,11 +105,11 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                     explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring). Explorations go
     out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
+    topic = control.config_history(settings, experiment_id)
     if apply:  # admin-API pushes reach only the topic: audit them, so the history below is whole
-        control.sync_audit(settings, experiment_id, client)
+        control.sync_audit(settings, experiment_id, client, topic)
     config = control.current_config(settings, experiment_id)
-    explore_share = canary_share if explore_share is None else explore_share
-    explore = explore and explore_share > 0
+    explore_share = 0.0 if not explore else canary_share if explore_share is None else explore_share
     actions: list[TuneAction] = []
     touched: set[str] = set()
     for arm in config.arms:
@@ -129,8 +131,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     filters = queries.Filters(experiment_id, end - timedelta(seconds=lookback_s), end + timedelta(seconds=1))
     last = queries.last_changes(client, experiment_id)
     last_ms = queries.last_change_ms(last)
-    configs = logged_configs(settings, client, config)
-    failed = tuning.rolled_back_canaries(queries.change_history(client, experiment_id), configs)
+    history = queries.change_history(client, experiment_id)
+    configs = logged_configs(settings, client, config, history=history, topic=topic)
+    failed = tuning.rolled_back_canaries(history, configs)
     # Multi arms' what-if re-applies their current score floor / answer margin to the logs.
     rules = queries.multi_rules(config)
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
@@ -138,10 +141,10 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
     if rules:  # before the thresholds: see the module docstring
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
-                             client=client, apply=apply, actor=actor, explore_share=explore_share if explore else 0,
+                             client=client, apply=apply, actor=actor, explore_share=explore_share,
                              configs=configs, failed=failed, clock=clock)
     for rec in recommendations:
-        if explore and rec.arm not in touched:
+        if explore_share > 0 and rec.arm not in touched:
             rec = tuning.exploration(rec, tuning.last_failed_try(failed, rec.arm, "threshold", now, guardrails)) or rec
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
@@ -165,12 +168,17 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     return actions
 
 
-def logged_configs(settings: Settings, client, config: ExperimentConfig) -> dict[int, ExperimentConfig]:
-    """Every config version of the experiment known to the audit, the experiments file, the
-    control topic (admin-API pushes have no audit rows until ``control.sync_audit``) and the live one."""
-    topic = [m.experiment for m in control.config_history(settings, config.experiment_id)]
-    return tuning.configs_by_version(queries.change_history(client, config.experiment_id),
-                                     control.file_configs(settings).get(config.experiment_id), *topic, config)
+def logged_configs(settings: Settings, client, config: ExperimentConfig, *, history: pd.DataFrame | None = None,
+                   topic: list[ControlMessage] | None = None) -> dict[int, ExperimentConfig]:
+    """Every config version of the experiment known to the audit (``history``, else read), the
+    experiments file, the control topic (``topic``, else read: admin-API pushes have no audit
+    rows until ``control.sync_audit``) and the live one."""
+    if history is None:
+        history = queries.change_history(client, config.experiment_id)
+    if topic is None:
+        topic = control.config_history(settings, config.experiment_id)
+    return tuning.configs_by_version(history, control.file_configs(settings).get(config.experiment_id),
+                                     *[m.experiment for m in topic], config)
 
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,

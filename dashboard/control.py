@@ -372,7 +372,8 @@ def config_history(settings: Settings, experiment_id: str,
     return read_control(settings.kafka, base=file_configs(settings) if base is None else base).history(experiment_id)
 
 
-def sync_audit(settings: Settings, experiment_id: str, client) -> list[int]:
+def sync_audit(settings: Settings, experiment_id: str, client,
+               history: list[ControlMessage] | None = None) -> list[int]:
     """Audit the versions in force that have no audit rows yet, from the control topic.
 
     Pushes through the cache's admin API (``PUT /v1/admin/experiments``) reach the topic
@@ -381,12 +382,13 @@ def sync_audit(settings: Settings, experiment_id: str, client) -> list[int]:
     which score floor a multi arm's decisions were logged at. Each missing version gets
     rows for the arms it changed against the version before it (every arm when only other
     settings changed), with the message's actor, time and reason (marked
-    ``TOPIC_AUDIT_NOTE``). Returns the versions written; raises ControlError when the
-    topic cannot be read."""
+    ``TOPIC_AUDIT_NOTE``). ``history``: ``config_history`` if already read. Returns the
+    versions written; raises ControlError when the topic cannot be read."""
     from dashboard.queries import audited_versions
 
     base = file_configs(settings)
-    history = config_history(settings, experiment_id, base)
+    if history is None:
+        history = config_history(settings, experiment_id, base)
     audited = audited_versions(client, experiment_id)
     previous, written = base.get(experiment_id), []
     for message in history:

@@ -309,6 +309,21 @@ def _step_down(table: pd.DataFrame, column: str, current: float, known: str,
     return step if step["est_hits"] > now["est_hits"] else None
 
 
+def _explore_step(table: pd.DataFrame, column: Literal["threshold", "score_floor"], current: float, known: str,
+                  failed: RolledBack | None) -> tuple[pd.Series | None, str]:
+    """``_step_down`` kept above the ``column`` value ``failed`` tried (if it tried one), and
+    what to add to the reason: that the step is smaller, or, when the failure alone left no
+    step, that it blocks exploring lower ("" when it made no difference)."""
+    failed_at = getattr(failed, column) if failed is not None else None
+    step = _step_down(table, column, current, known, failed_at)
+    if failed_at is None:
+        return step, ""
+    if step is not None:
+        return step, f"; a smaller step: {failed.describe(column)}"
+    blocked = _step_down(table, column, current, known) is not None
+    return None, f"; not exploring lower: {failed.describe(column)}" if blocked else ""
+
+
 def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recommendation | None:
     """A canary-only step down for an arm (not a cluster) that ``recommend`` holds at its
     current threshold because that is the best supported one: the lowest candidate under it
@@ -322,13 +337,9 @@ def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recomm
     as the refuting labels leave the lookback window."""
     if rec.cluster is not None or rec.recommended is None or abs(rec.recommended - rec.current) > 1e-9:
         return None
-    failed_at = failed.threshold if failed is not None else None
-    step = _step_down(rec.candidates, "threshold", rec.current, "supported", failed_at)
+    step, note = _explore_step(rec.candidates, "threshold", rec.current, "supported", failed)
     if step is None:
-        if failed_at is None or _step_down(rec.candidates, "threshold", rec.current, "supported") is None:
-            return None
-        return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('threshold')}")
-    note = f"; a smaller step: {failed.describe('threshold')}" if failed_at is not None else ""
+        return replace(rec, reason=rec.reason + note) if note else None
     return replace(rec, recommended=float(step["threshold"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring {step['threshold']:.3f} on a canary: {rec.current:.3f} is the best supported "
@@ -464,10 +475,9 @@ class RolledBack:
     score_floor: float | None
     """A multi canary's score floor; None when it kept the arm's."""
 
-    def describe(self, what: Literal["threshold", "score floor"]) -> str:
-        value = self.threshold if what == "threshold" else self.score_floor
+    def describe(self, what: Literal["threshold", "score_floor"]) -> str:
         when = datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        return f"a canary at {what} {value:.3f} was rolled back at {when}"
+        return f"a canary at {what.replace('_', ' ')} {getattr(self, what):.3f} was rolled back at {when}"
 
 
 def rolled_back_canaries(history: pd.DataFrame, configs: dict[int, ExperimentConfig]) -> list[RolledBack]:
@@ -648,13 +658,9 @@ def multi_exploration(rec: MultiRecommendation, failed: RolledBack | None = None
         return None
     table = rec.candidates
     same_margin = table[(table["answer_margin"] - rec.current_margin).abs() < 1e-9]
-    failed_at = failed.score_floor if failed is not None else None
-    step = _step_down(same_margin, "score_floor", rec.current_floor, "replayable", failed_at)
+    step, note = _explore_step(same_margin, "score_floor", rec.current_floor, "replayable", failed)
     if step is None:
-        if failed_at is None or _step_down(same_margin, "score_floor", rec.current_floor, "replayable") is None:
-            return None
-        return replace(rec, reason=f"{rec.reason}; not exploring lower: {failed.describe('score floor')}")
-    note = f"; a smaller step: {failed.describe('score floor')}" if failed_at is not None else ""
+        return replace(rec, reason=rec.reason + note) if note else None
     return replace(rec, recommended_floor=float(step["score_floor"]), action="explore",
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring score floor {step['score_floor']:.3f} on a canary: {rec.current_floor:.3f} "
