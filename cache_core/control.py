@@ -11,7 +11,6 @@ follows it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,12 +22,11 @@ from pydantic import ValidationError
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import ExperimentConfig
+from cache_core.follower import TopicFollower, TopicMissing, close_quietly, consumer_without_group, topic_partitions
 from cache_core.registry import ControlFold, ControlRecord
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-
-MAX_RETRY_S = 10.0
 
 
 class ControlError(RuntimeError):
@@ -55,23 +53,6 @@ def control_key(msg: ControlMessage, message_id: str | None = None) -> bytes:
                                message_id)).encode()
 
 
-def _consumer(kafka: KafkaSettings, timeout_s: float, suffix: str) -> KafkaConsumer:
-    ms = int(timeout_s * 1000)
-    return KafkaConsumer(
-        bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-{suffix}",
-        group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-        allow_auto_create_topics=False, request_timeout_ms=max(ms, 5000),
-        bootstrap_timeout_ms=ms, reconnect_backoff_max_ms=2000,
-    )
-
-
-def _control_partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
-    partitions = consumer.partitions_for_topic(topic)
-    if not partitions:
-        raise ControlError(f"control topic {topic!r} does not exist (run infra.kafka.topics)")
-    return [TopicPartition(topic, p) for p in sorted(partitions)]
-
-
 def parse_control(value: bytes | None) -> ControlMessage:
     """Parse one control-topic value; raises ValueError on anything malformed."""
     if value is None:
@@ -83,128 +64,52 @@ def parse_control(value: bytes | None) -> ControlMessage:
                          f"{exc.errors()[0]['msg']}") from None
 
 
-class ControlListener:
-    """Replays the control topic from the beginning, then follows it, in a background thread.
+def _control_partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
+    try:
+        return topic_partitions(consumer, topic)
+    except TopicMissing as exc:
+        raise ControlError(f"control {exc}") from None
+
+
+class ControlListener(TopicFollower):
+    """Replays the control topic from the beginning, then follows it, in a background thread
+    (``cache_core.follower.TopicFollower``: reconnects and resumes if the broker goes away).
 
     Handlers are called in that thread, in topic order: ``on_record`` gets every record
     (tombstones and unreadable values as a ControlRecord without message, since they
     still remove the earlier record with their key: what ``ExperimentRegistry.apply_record``
     folds); ``on_message`` gets only the valid messages. Malformed messages and handler
-    exceptions are logged, counted in ``stats()``, and skipped. If the broker is down
-    (at start or later), the listener keeps retrying and resumes where it was.
+    exceptions are logged, counted in ``stats()``, and skipped.
     """
+
+    thread_name = "scache-control"
 
     def __init__(self, kafka: KafkaSettings, on_message: Callable[[ControlMessage], None] | None = None,
                  poll_timeout_s: float = 0.5, retry_s: float = 1.0, *,
                  on_record: Callable[[ControlRecord], None] | None = None):
         if (on_message is None) == (on_record is None):
             raise ValueError("give exactly one of on_message and on_record")
-        self.kafka = kafka
+        super().__init__(kafka, kafka.control_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
+                         counters=("applied", "malformed", "tombstones"))
         self.on_message = on_message
         self.on_record = on_record
-        self.poll_timeout_s = poll_timeout_s
-        self.retry_s = retry_s
-        self._stop = threading.Event()
-        self._caught_up = threading.Event()
-        self._positions: dict[TopicPartition, int] = {}
-        self._targets: dict[TopicPartition, int] = {}
-        self._counts = dict.fromkeys(("received", "applied", "malformed", "tombstones",
-                                      "handler_errors", "reconnects"), 0)
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> ControlListener:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="scache-control", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def wait_caught_up(self, timeout_s: float) -> bool:
-        """True once every message present at connect time has been handled."""
-        return self._caught_up.wait(timeout_s)
-
-    def stats(self) -> dict:
-        return {**self._counts, "caught_up": self._caught_up.is_set(),
-                "alive": self._thread is not None and self._thread.is_alive()}
-
-    def _run(self) -> None:
-        delay = self.retry_s
-        while not self._stop.is_set():
-            consumer = None
-            try:
-                consumer = self._connect()
-                delay = self.retry_s
-                self._follow(consumer)
-            except (KafkaError, ControlError, OSError) as exc:
-                self._counts["reconnects"] += 1
-                log.warning("control listener disconnected, retrying",
-                            extra={"error": str(exc), "retry_s": delay})
-                self._stop.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_S)
-            except Exception:  # unexpected: log and keep the listener alive
-                self._counts["reconnects"] += 1
-                log.exception("control listener error, retrying")
-                self._stop.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_S)
-            finally:
-                if consumer is not None:
-                    _close_quietly(consumer)
-
-    def _connect(self) -> KafkaConsumer:
-        consumer = _consumer(self.kafka, timeout_s=5.0, suffix="control-listener")
-        try:
-            tps = _control_partitions(consumer, self.kafka.control_topic)
-            consumer.assign(tps)
-            for tp in tps:
-                if tp in self._positions:
-                    consumer.seek(tp, self._positions[tp])  # resume after a reconnect
-                else:
-                    consumer.seek_to_beginning(tp)
-            self._targets = consumer.end_offsets(tps)
-        except BaseException:
-            _close_quietly(consumer)
-            raise
-        return consumer
-
-    def _follow(self, consumer: KafkaConsumer) -> None:
-        self._check_caught_up(consumer)
-        while not self._stop.is_set():
-            batches = consumer.poll(timeout_ms=int(self.poll_timeout_s * 1000))
-            for tp, records in batches.items():
-                for record in records:
-                    self._handle(record.key, record.value, tp, record.offset)
-            self._check_caught_up(consumer)
-
-    def _handle(self, key: bytes | None, value: bytes | None, tp: TopicPartition, offset: int) -> None:
-        self._positions[tp] = offset + 1
-        self._counts["received"] += 1
-        msg = _parse_record(key, value, tp.partition, offset)
+    def handle(self, record, tp: TopicPartition) -> None:
+        msg = _parse_record(record.key, record.value, tp.partition, record.offset)
         if msg is None:
-            self._counts["tombstones" if value is None else "malformed"] += 1
+            self._counts["tombstones" if record.value is None else "malformed"] += 1
             if self.on_record is None:
                 return
         try:
             if self.on_record is not None:
-                self.on_record(ControlRecord(key, msg, offset))
+                self.on_record(ControlRecord(record.key, msg, record.offset))
             else:
                 self.on_message(msg)
             self._counts["applied"] += 1
         except Exception:
             self._counts["handler_errors"] += 1
             log.exception("control handler failed", extra={
-                "offset": offset, "experiment_id": msg.experiment.experiment_id if msg else None})
-
-    def _check_caught_up(self, consumer: KafkaConsumer) -> None:
-        # The consumer's position, not the last offset seen: compaction leaves gaps.
-        if not self._caught_up.is_set() and all(
-                (consumer.position(tp, timeout_ms=5000) or 0) >= end
-                for tp, end in self._targets.items()):
-            self._caught_up.set()
-            log.info("control topic replayed", extra={"messages": self._counts["received"]})
+                "offset": record.offset, "experiment_id": msg.experiment.experiment_id if msg else None})
 
 
 def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float = 10) -> PublishedControl:
@@ -230,7 +135,7 @@ def publish_control(kafka: KafkaSettings, msg: ControlMessage, timeout_s: float 
         raise ControlError(f"control message for experiment {msg.experiment.experiment_id!r} "
                            f"not acknowledged by {target}: {exc}") from exc
     finally:
-        _close_quietly(producer)
+        close_quietly(producer)
     return PublishedControl(key=key, partition=meta.partition, offset=meta.offset)
 
 
@@ -278,7 +183,7 @@ def read_control(kafka: KafkaSettings, timeout_s: float = 5, *,
     """
     deadline = time.monotonic() + timeout_s
     try:
-        consumer = _consumer(kafka, timeout_s, suffix="control-reader")
+        consumer = consumer_without_group(kafka, timeout_s, suffix="control-reader")
     except KafkaError as exc:
         raise ControlError(f"cannot connect to Kafka at {kafka.bootstrap_servers}: {exc}") from exc
     fold = ControlFold(base)
@@ -306,7 +211,7 @@ def read_control(kafka: KafkaSettings, timeout_s: float = 5, *,
     except KafkaError as exc:
         raise ControlError(f"reading control topic {kafka.control_topic!r} failed: {exc}") from exc
     finally:
-        _close_quietly(consumer)
+        close_quietly(consumer)
     return fold
 
 
@@ -327,10 +232,3 @@ def _parse_record(key: bytes | None, value: bytes | None, partition: int, offset
             "partition": partition, "offset": offset, "key": key.decode(errors="replace") if key else None,
             "error": str(exc)})
         return None
-
-
-def _close_quietly(client: KafkaConsumer | KafkaProducer) -> None:
-    try:
-        client.close(timeout=1) if isinstance(client, KafkaProducer) else client.close()
-    except Exception as exc:  # closing after a failure may fail again; nothing to do about it
-        log.debug("kafka client close failed", extra={"error": str(exc)})

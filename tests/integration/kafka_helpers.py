@@ -1,4 +1,5 @@
-"""Small readers used by the Kafka integration tests (no consumer group, from the beginning)."""
+"""Small readers used by the Kafka integration tests (no consumer group, from the beginning),
+and a poll-until helper."""
 from __future__ import annotations
 
 import time
@@ -26,3 +27,11 @@ def consume(bootstrap: str, topic: str, expected: int, timeout_s: float = 30.0,
         return out
     finally:
         consumer.close()
+
+
+def wait_for(check, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Poll ``check`` until it is true; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} not met within {timeout_s}s"
+        time.sleep(0.05)

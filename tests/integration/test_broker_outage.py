@@ -14,7 +14,7 @@ from cache_core.publisher import EventPublisher
 from cache_core.settings import KafkaSettings
 from infra.kafka.broker import start_broker
 from infra.kafka.topics import ensure_topics
-from tests.integration.kafka_helpers import consume
+from tests.integration.kafka_helpers import consume, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,12 +53,6 @@ def settings(broker, request) -> KafkaSettings:
     return kafka
 
 
-def wait_for(check, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
 
 def test_spooled_while_down_then_replayed_in_order(broker, settings, tmp_path):
     publisher = EventPublisher(settings, tmp_path / "spool", instance_id="i1", send_timeout_s=3)
@@ -73,7 +67,7 @@ def test_spooled_while_down_then_replayed_in_order(broker, settings, tmp_path):
         assert publisher.flush(30)
         broker.stop()
         publish(100)
-        wait_for(lambda: publisher.stats()["spooled"] == 100)
+        wait_for(lambda: publisher.stats()["spooled"] == 100, timeout_s=60)
         assert publisher.stats()["published"] == 50 and publisher.stats()["spool_bytes"] > 0
 
         broker.restart()
@@ -118,12 +112,12 @@ def test_heartbeats_resume_after_an_outage_with_no_traffic(broker, settings, tmp
     publisher = EventPublisher(settings, tmp_path / "spool", instance_id="quiet", send_timeout_s=2)
     publisher.start_heartbeats(0.2)
     try:
-        wait_for(lambda: publisher.stats()["heartbeats"] >= 3)
+        wait_for(lambda: publisher.stats()["heartbeats"] >= 3, timeout_s=60)
         broker.stop()
-        wait_for(lambda: not publisher.stats()["broker_healthy"])
+        wait_for(lambda: not publisher.stats()["broker_healthy"], timeout_s=60)
         before = publisher.stats()["heartbeats"]
         broker.restart()
-        wait_for(lambda: publisher.stats()["heartbeats"] >= before + 3 * settings.events_partitions)
+        wait_for(lambda: publisher.stats()["heartbeats"] >= before + 3 * settings.events_partitions, timeout_s=60)
         stats = publisher.stats()
     finally:
         publisher.close()

@@ -14,6 +14,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.registry import ExperimentRegistry
 from infra.kafka.topics import admin_client
 from infra.runtime import free_port
+from tests.integration.kafka_helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +32,6 @@ def raw_send(kafka, key: bytes, value: bytes | None) -> None:
     finally:
         producer.close()
 
-
-def wait_for(check, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_listener_replays_then_follows_and_skips_malformed(kafka_settings):

@@ -9,16 +9,10 @@ import pytest
 from cache_core.events import CacheEvent, FeedbackEvent
 from cache_core.publisher import EventPublisher
 from infra.runtime import free_port
-from tests.integration.kafka_helpers import consume
+from tests.integration.kafka_helpers import consume, wait_for
 
 pytestmark = pytest.mark.integration
 
-
-def wait_for(check, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def dead_broker(kafka_settings):
