@@ -537,6 +537,9 @@ class SemanticCache:
         self._rng_lock = threading.Lock()
         self.journal = None
         """Set by ``attach_journal`` (cache_core.persistence): every change is logged."""
+        self.entry_feed = None
+        """Optional (``cache_core.replication.EntryFeed``): told of every stored entry and
+        namespace clear, after they are durable, for the other replicas."""
 
     # -- public -----------------------------------------------------------------------
 
@@ -688,10 +691,13 @@ class SemanticCache:
             result = self._admit(partition, entry, result, now)
         if self.journal is not None and result.stored:
             self.journal.sync()  # acknowledged = durable: fsync before the caller hears "stored"
+        if self.entry_feed is not None and result.stored:
+            self.entry_feed.stored(partition.key, entry)
         return result
 
     def clear_namespace(self, namespace: str) -> int:
         """Remove every entry of ``namespace`` (all experiments and arms); returns how many."""
+        cleared_at = self.clock()
         with self._partitions_lock:
             doomed = [key for key in self._partitions if key[0] == namespace]
             partitions = [self._partitions.pop(key) for key in doomed]
@@ -707,7 +713,50 @@ class SemanticCache:
         if self.journal is not None:
             self.journal.record_clear(namespace)
             self.journal.sync()
+        if self.entry_feed is not None:
+            self.entry_feed.cleared(namespace, cleared_at)
         return removed
+
+    # -- replication (cache_core.replication) -------------------------------------------
+
+    def apply_replicated(self, key: tuple[str, str, str], entry: CacheEntry) -> str:
+        """Insert an entry another replica admitted, into the store of the same key (so arms
+        stay apart). Its admission tier was decided there; this replica's capacity and LRU
+        still apply. Returns the outcome: applied, duplicate, stale, expired or too_large."""
+        if not entry.alive(self.clock()):
+            return "expired"
+        partition = self._partition_by_key(key)
+        with partition.lock:
+            now = self.clock()
+            if entry.entry_id in partition.entries:
+                return "duplicate"
+            same = partition.existing_same_text(entry.scope, entry.query)
+            if same is not None:
+                if same.created_at > entry.created_at:
+                    return "stale"  # this replica already holds a newer answer to the same text
+                partition.remove(same.entry_id)
+            if entry.approx_bytes > partition.capacity_bytes:
+                return "too_large"
+            partition.evict_for(entry.approx_bytes, now)
+            partition.insert(entry)
+        return "applied"
+
+    def apply_replicated_clear(self, namespace: str, cleared_at: float) -> int:
+        """Remove the entries of ``namespace`` created before ``cleared_at`` (a clear made on
+        another replica; what was stored after it survives). Returns how many."""
+        removed = 0
+        for partition in [p for p in self.partitions() if p.key[0] == namespace]:
+            with partition.lock:
+                for entry_id in [e.entry_id for e in partition.entries.values() if e.created_at < cleared_at]:
+                    partition.remove(entry_id)
+                    removed += 1
+        self.sync_journal()
+        return removed
+
+    def sync_journal(self) -> None:
+        """Make every change logged so far durable (no-op without persistence)."""
+        if self.journal is not None:
+            self.journal.sync()
 
     # -- persistence (cache_core.persistence) ------------------------------------------
 

@@ -12,9 +12,9 @@ import types
 from datetime import datetime
 import typing
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from cache_core.experiments import ExperimentConfig, SimilarityKind
 
@@ -117,6 +117,39 @@ class ControlMessage(BaseModel):
     actor: str = "unknown"
     reason: str = ""
     ts_ms: int = Field(default_factory=now_ms)
+
+
+class EntryMessage(BaseModel):
+    """One change to a cache replica's entries, produced to the entries topic for the other
+    replicas to apply (``cache_core.replication``). Keyed by namespace, so one namespace's
+    changes stay in order; a clear removes what was created before it, on every replica."""
+
+    schema_version: int = SCHEMA_VERSION
+    change: Literal["put", "clear"]
+    origin: str = Field(min_length=1)
+    """Instance id of the replica that made the change (it skips its own)."""
+    ts_ms: int = Field(default_factory=now_ms)
+    """When the change was made; a clear removes entries created before it."""
+    namespace: str = Field(min_length=1)
+    experiment_id: str = ""
+    arm_key: str = ""
+    """The store an entry belongs to: its arm, or "*" when the experiment's arms share one."""
+    model: str = ""
+    """Encoder that made the embedding; a replica on another model skips the entry."""
+    entry: dict[str, Any] | None = None
+    """put: the entry's fields as persisted (``cache_core.persistence.entry_meta``)."""
+    embedding: str | None = None
+    """put: the L2-normalised embedding, base64 of little-endian float32."""
+
+    @model_validator(mode="after")
+    def _put_carries_the_entry(self) -> "EntryMessage":
+        if self.change == "put" and (self.entry is None or not self.embedding or not self.experiment_id
+                                     or not self.arm_key):
+            raise ValueError("a put needs experiment_id, arm_key, entry and embedding")
+        return self
+
+    def kafka_key(self) -> bytes:
+        return self.namespace.encode()
 
 
 class WindowAggregate(BaseModel):

@@ -72,11 +72,11 @@ def entry_from_meta(meta: dict, embedding: np.ndarray):
     return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), **meta)
 
 
-def _encode_vec(vec: np.ndarray) -> str:
+def encode_vec(vec: np.ndarray) -> str:
     return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
 
 
-def _decode_vec(text: str) -> np.ndarray:
+def decode_vec(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
 
 
@@ -151,7 +151,7 @@ class Journal:
 
     def record_put(self, key: tuple[str, str, str], entry) -> None:
         self._append({"op": "put", "key": list(key), "entry": entry_meta(entry),
-                      "vec": _encode_vec(entry.embedding)})
+                      "vec": encode_vec(entry.embedding)})
 
     def record_remove(self, key: tuple[str, str, str], entry_id: str) -> None:
         self._append({"op": "remove", "key": list(key), "id": entry_id})
@@ -425,7 +425,7 @@ class Persistence:
                 op = record["op"]
                 if op == "put":
                     cache.restore_put(tuple(record["key"]),
-                                      entry_from_meta(record["entry"], _decode_vec(record["vec"])))
+                                      entry_from_meta(record["entry"], decode_vec(record["vec"])))
                 elif op == "remove":
                     cache.restore_remove(tuple(record["key"]), record["id"])
                 elif op == "clear":

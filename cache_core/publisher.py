@@ -1,4 +1,4 @@
-"""Non-blocking publication of cache events and feedback to Kafka, with an on-disk spool.
+"""Non-blocking publication of cache events, feedback and entry changes to Kafka, with an on-disk spool.
 
 Request threads only serialise a message and put it on a bounded in-memory queue
 (``publish_*`` never waits for Kafka). One background thread drains the queue:
@@ -25,7 +25,7 @@ from pathlib import Path
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from cache_core.events import CacheEvent, FeedbackEvent
+from cache_core.events import CacheEvent, EntryMessage, FeedbackEvent
 from cache_core.settings import KafkaSettings
 from cache_core.spool import Record, Spool
 from infra.runtime import port_open
@@ -79,6 +79,10 @@ class EventPublisher:
         """Queue a verdict for the feedback topic; never blocks."""
         self._offer(Record(self.kafka.feedback_topic, feedback.kafka_key(),
                            feedback.model_dump_json().encode()))
+
+    def publish_entry(self, message: EntryMessage) -> None:
+        """Queue an entry change for the entries topic (the other replicas); never blocks."""
+        self._offer(Record(self.kafka.entries_topic, message.kafka_key(), message.model_dump_json().encode()))
 
     def start_heartbeats(self, interval_s: float) -> None:
         """Every ``interval_s``, send a heartbeat to every events partition (idempotent)."""

@@ -39,6 +39,13 @@ class KafkaSettings(_Documented):
     """Partitions of the events topic when infra/kafka/topics.py creates it."""
     feedback_partitions: int = Field(3, ge=1)
     """Partitions of the feedback topic when infra/kafka/topics.py creates it."""
+    entries_topic: str = "scache.entries"
+    """Entries stored (and namespaces cleared) by each cache replica, keyed by namespace, for the others."""
+    entries_partitions: int = Field(1, ge=1)
+    """Partitions of the entries topic when infra/kafka/topics.py creates it."""
+    entries_retention_ms: int = Field(24 * 3600 * 1000, ge=60_000)
+    """Retention of the entries topic: how far back a new replica warms up; keep it at least the
+    longest entry lifetime (TTL, or a sliding TTL's max age)."""
     replication_factor: int = Field(1, ge=1)
     """Replication of the topics infra/kafka/topics.py creates (3 on a real cluster)."""
     events_retention_ms: int = 7 * 24 * 3600 * 1000
@@ -86,6 +93,9 @@ class CacheSettings(_Documented):
     """Snapshot early once the log holds this many records."""
     wal_fsync: bool = True
     """fsync each acknowledged store (off only for throwaway caches)."""
+    replicate: bool = True
+    """Share stored entries and namespace clears with the other replicas through the entries topic,
+    and apply theirs (a new replica warms up from the topic); off: this instance's entries are its own."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)

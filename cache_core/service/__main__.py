@@ -2,7 +2,8 @@
 
 Loads the model once, restores the cache from settings.cache.snapshot_dir
 (write-ahead log + snapshots; one directory per instance), starts the event
-publisher (with heartbeats) and the control-topic listener, serves HTTP with
+publisher (with heartbeats), the control-topic listener and (settings.cache.replicate)
+the entries follower that shares entries between replicas, serves HTTP with
 uvicorn on settings.service.host/port, and on SIGTERM/SIGINT stops listening,
 writes a final snapshot, then flushes and closes the publisher.
 """
@@ -88,12 +89,14 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         try:
             app = create_app(settings, publisher, embedder, registry=registry,
                              instance_id=instance_id, shutdown_hooks=[shutdown],
-                             persistence=persistence)
+                             persistence=persistence, replicate=settings.cache.replicate)
         except PersistenceError as exc:
             log.error("cannot start: %s", exc)
             return 2
         listener.append(ControlListener(settings.kafka, on_record=app.state.registry.apply_record))
         listener[0].start()
+        if app.state.entry_follower is not None:  # entries the other replicas store
+            listener.append(app.state.entry_follower.start())
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,
                                                   "port": settings.service.port,

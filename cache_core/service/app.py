@@ -22,6 +22,7 @@ from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.experiments import ExperimentConfig
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
+from cache_core.replication import EntryFeed, EntryFollower
 from cache_core.service import chat
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import (ChatCompletionRequest, FeedbackRequest, LookupRequest,
@@ -36,7 +37,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
                instance_id: str = "", shutdown_hooks: list[Callable[[], None]] | None = None,
                persistence: Persistence | None = None,
                control_publisher: Callable[[ControlMessage], None] | None = None,
-               event_executor=None) -> FastAPI:
+               event_executor=None, replicate: bool = False) -> FastAPI:
     """Build the service around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``). The model is loaded here unless ``embedder`` is given; concurrent
     requests share it through one micro-batching encoder thread. ``shutdown_hooks``
@@ -52,7 +53,11 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     ``event_executor`` (default: an ``EventWorker`` thread owned by the app, drained
     at shutdown before the hooks run, so a publisher closed by a hook gets them all).
     With its own worker the app batches the ANN checks (``AnnChecker``, sized by
-    ``settings.cache.ann_check_*``; batch size 1: single checks)."""
+    ``settings.cache.ann_check_*``; batch size 1: single checks).
+
+    ``replicate``: stored entries and clears go to the entries topic through ``publisher``
+    (``publish_entry``), and ``app.state.entry_follower`` (``cache_core.replication``, not
+    started: the caller starts and stops it) applies the other replicas' changes."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -81,7 +86,9 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     if persistence is not None:
         persistence.open(cache)
         persistence.start()
-    metrics = ServiceMetrics(cache, publisher.stats, persistence.metrics if persistence else None)
+    follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
+    metrics = ServiceMetrics(cache, publisher.stats, persistence.metrics if persistence else None,
+                             follower.stats if follower else None)
     metrics_holder.append(metrics)
     upstream = httpx.Client()
     if control_publisher is None:
@@ -112,11 +119,22 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     app.state.cache, app.state.registry, app.state.encoder = cache, registry, encoder
     app.state.metrics, app.state.publisher = metrics, publisher
     app.state.persistence, app.state.settings = persistence, settings
+    app.state.entry_follower = follower
     _add_error_handlers(app)
     _add_routes(app, cache, registry, metrics, publisher)
     _add_chat_route(app, cache, metrics, settings, upstream)
     _add_admin_routes(app, cache, registry, metrics, settings, control_publisher)
     return app
+
+
+def _replication(settings: Settings, cache: SemanticCache, publisher, instance_id: str,
+                 persistence: Persistence | None) -> EntryFollower:
+    """Attach the entry feed to ``cache`` and build (not start) its follower. Its offsets
+    live beside the write-ahead log: without one, every start replays the topic."""
+    model = settings.cache.model
+    cache.entry_feed = EntryFeed(publisher, instance_id, model)
+    return EntryFollower(settings.kafka, cache, instance_id, model,
+                         state_dir=persistence.directory if persistence is not None else None)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -179,7 +197,8 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
                 "experiments": {e.experiment_id: e.version for e in registry.all()},
                 "publisher": publisher.stats(),
                 "entries": sum(len(p) for p in cache.partitions()),
-                "persistence": persistence.metrics() if persistence else None}
+                "persistence": persistence.metrics() if persistence else None,
+                "replication": app.state.entry_follower.stats() if app.state.entry_follower else None}
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:

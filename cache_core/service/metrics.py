@@ -8,6 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cache_core.cache import SemanticCache
 from cache_core.events import CacheEvent
+from cache_core.replication import OUTCOMES
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 PUBLISHER_STATS = ("queue_depth", "published", "spooled", "replayed", "dropped")
@@ -17,7 +18,8 @@ class ServiceMetrics:
     """Counters and histograms updated per request, gauges read at scrape time."""
 
     def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
-                 persistence_stats: Callable[[], dict] | None = None):
+                 persistence_stats: Callable[[], dict] | None = None,
+                 replication_stats: Callable[[], dict] | None = None):
         self.registry = CollectorRegistry()
         labels = ["experiment", "arm"]
         self.requests = Counter("scache_requests", "Lookups by decision", labels + ["decision"],
@@ -46,7 +48,7 @@ class ServiceMetrics:
                                           registry=self.registry)
         self.admin = Counter("scache_admin_actions", "Admin actions performed", ["action"],
                              registry=self.registry)
-        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats))
+        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats, replication_stats))
 
     def observe_lookup(self, event: CacheEvent) -> None:
         self.requests.labels(event.experiment_id, event.arm, event.decision).inc()
@@ -66,10 +68,12 @@ class _ScrapeTimeGauges:
     read when scraped."""
 
     def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
-                 persistence_stats: Callable[[], dict] | None):
+                 persistence_stats: Callable[[], dict] | None,
+                 replication_stats: Callable[[], dict] | None = None):
         self.cache = cache
         self.publisher_stats = publisher_stats
         self.persistence_stats = persistence_stats
+        self.replication_stats = replication_stats
 
     def collect(self):
         stats = self.publisher_stats()
@@ -95,6 +99,22 @@ class _ScrapeTimeGauges:
                 gauge = GaugeMetricFamily(f"scache_persistence_{name}", f"Snapshots and log: {name}")
                 gauge.add_metric([], float(value))
                 yield gauge
+        yield from self._replication()
+
+    def _replication(self):
+        """Entry messages from the other replicas, by outcome (nothing when not replicating)."""
+        if self.replication_stats is None:
+            return
+        stats = self.replication_stats()
+        messages = CounterMetricFamily("scache_replication_messages",
+                                       "Entries-topic messages read, by outcome", labels=["outcome"])
+        for outcome in OUTCOMES + ("handler_errors",):
+            messages.add_metric([outcome], float(stats.get(outcome, 0)))
+        yield messages
+        caught_up = GaugeMetricFamily("scache_replication_caught_up",
+                                      "1 once the entries topic present at start has been applied")
+        caught_up.add_metric([], float(stats["caught_up"]))
+        yield caught_up
 
     def _ann_checks(self):
         """The batched ANN checker's figures (nothing when checks run singly)."""

@@ -4,6 +4,8 @@
 - control: full experiment configs, compacted, one partition (a single total order of
   config changes; every cache instance replays it at start). See below for its keys.
 - feedback: verdicts keyed by request id, time-retained.
+- entries: what each cache replica stored or cleared, keyed by namespace, retained for the
+  longest entry lifetime, so replicas share entries and a new one warms up from it.
 
 Control keys. Which config is in force is decided by one fold over the partition
 (cache_core.registry.ControlFold): a message wins iff its version is higher than
@@ -56,6 +58,10 @@ def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
                               "configs": CONTROL_TOPIC_CONFIGS},
         kafka.feedback_topic: {"num_partitions": kafka.feedback_partitions,
                                "replication_factor": kafka.replication_factor, "configs": retained},
+        kafka.entries_topic: {"num_partitions": kafka.entries_partitions,
+                              "replication_factor": kafka.replication_factor,
+                              "configs": {"cleanup.policy": "delete",
+                                          "retention.ms": str(kafka.entries_retention_ms)}},
     }
 
 

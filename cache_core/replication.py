@@ -1,0 +1,153 @@
+"""Cache replicas share their entries through the entries topic.
+
+Behind a load balancer, each replica would otherwise cache only what it stored itself:
+N replicas, N cold caches, and a hit rate that falls with every replica added. So every
+replica publishes each entry it stores and each namespace it clears (``EntryFeed``,
+through its event publisher: a broker outage spools them, in order), and follows the
+topic (``EntryFollower``), applying the others' changes:
+
+* a stored entry goes into the store of the same (namespace, experiment, arm) key, so
+  arms stay apart on every replica (``SemanticCache.apply_replicated``). Its admission
+  tier was decided where it was stored; this replica's capacity and LRU still apply.
+  A newer entry for the same query text replaces the older one, whichever came first.
+* a clear removes that namespace's entries created before it, so an entry stored on
+  another replica after the clear survives, and one stored before it but delivered
+  late is dropped.
+
+Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
+stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
+Entries from another encoder model or dimension are skipped and counted.
+
+Position. With persistence, the follower keeps the offsets it has applied in
+``replication-offsets.json`` beside the write-ahead log, written after the log holding
+those entries is synced (with the time of each namespace's last clear), so a restart
+resumes where it stopped and re-reads nothing it already has. Without it (or with a fresh directory) the follower reads the topic from
+its beginning: a new replica warms up from what the others stored within the topic's
+retention (``SCACHE_KAFKA__ENTRIES_RETENTION_MS``). ``wait_caught_up`` says when that
+replay is done; ``/healthz`` reports it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from kafka import TopicPartition
+from pydantic import ValidationError
+
+from cache_core.events import EntryMessage
+from cache_core.follower import TopicFollower
+from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
+from cache_core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+OFFSETS_FILE = "replication-offsets.json"
+OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
+            "own", "other_model", "malformed")
+
+
+class EntryFeed:
+    """Turns the cache's stored entries and clears into ``EntryMessage``s on ``publisher``."""
+
+    def __init__(self, publisher, instance_id: str, model: str):
+        if not instance_id:
+            raise ValueError("replication needs an instance id (it skips its own changes by it)")
+        self.publisher = publisher
+        self.instance_id = instance_id
+        self.model = model
+
+    def stored(self, key: tuple[str, str, str], entry) -> None:
+        namespace, experiment_id, arm_key = key
+        self.publisher.publish_entry(EntryMessage(
+            change="put", origin=self.instance_id, ts_ms=int(entry.created_at * 1000), namespace=namespace,
+            experiment_id=experiment_id, arm_key=arm_key, model=self.model, entry=entry_meta(entry),
+            embedding=encode_vec(entry.embedding)))
+
+    def cleared(self, namespace: str, cleared_at: float) -> None:
+        self.publisher.publish_entry(EntryMessage(change="clear", origin=self.instance_id,
+                                                  ts_ms=int(cleared_at * 1000), namespace=namespace))
+
+
+class EntryFollower(TopicFollower):
+    """Applies the other replicas' entry changes to ``cache``; see the module docstring.
+    ``state_dir``: where the applied offsets are kept (None: always replay from the start)."""
+
+    thread_name = "scache-entries"
+
+    def __init__(self, kafka: KafkaSettings, cache, instance_id: str, model: str, *,
+                 state_dir: Path | None = None, poll_timeout_s: float = 0.5, retry_s: float = 1.0):
+        super().__init__(kafka, kafka.entries_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
+                         counters=OUTCOMES)
+        self.cache = cache
+        self.instance_id = instance_id
+        self.model = model
+        self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
+        self._cleared_at: dict[str, float] = {}
+
+    # -- position ---------------------------------------------------------------------
+
+    def start_offsets(self) -> dict[TopicPartition, int]:
+        if self.offsets_path is None or not self.offsets_path.exists():
+            return {}
+        try:
+            saved = json.loads(self.offsets_path.read_text())
+            if saved.get("topic") != self.topic:
+                return {}  # another topic's positions mean nothing here
+            self._cleared_at = {ns: float(at) for ns, at in saved.get("cleared_at", {}).items()}
+            return {TopicPartition(self.topic, int(p)): int(o) for p, o in saved["offsets"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("unreadable replication offsets, replaying the entries topic",
+                        extra={"path": str(self.offsets_path), "error": str(exc)})
+            return {}
+
+    def after_batch(self) -> None:
+        # Offsets may only move past what the write-ahead log holds durably.
+        self.cache.sync_journal()
+        if self.offsets_path is not None:
+            body = {"topic": self.topic, "offsets": {str(tp.partition): o for tp, o in self.positions.items()},
+                    "cleared_at": self._cleared_at}
+            tmp = self.offsets_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, self.offsets_path)
+
+    # -- records ----------------------------------------------------------------------
+
+    def handle(self, record, tp: TopicPartition) -> None:
+        try:
+            message = EntryMessage.model_validate_json(record.value or b"")
+        except ValidationError as exc:
+            self._counts["malformed"] += 1
+            log.error("skipping malformed entry message", extra={
+                "partition": tp.partition, "offset": record.offset, "error": exc.errors()[0]["msg"]})
+            return
+        try:
+            self._counts[self._apply(message)] += 1
+        except Exception:  # one bad record must not stop replication
+            self._counts["handler_errors"] += 1
+            log.exception("applying an entry message failed",
+                          extra={"partition": tp.partition, "offset": record.offset, "origin": message.origin})
+
+    def _apply(self, message: EntryMessage) -> str:
+        if message.change == "clear":
+            cleared_at = message.ts_ms / 1000
+            self._cleared_at[message.namespace] = max(cleared_at, self._cleared_at.get(message.namespace, 0.0))
+            if message.origin == self.instance_id:
+                return "own"  # cleared here already; remembered to drop older puts arriving late
+            self.cache.apply_replicated_clear(message.namespace, cleared_at)
+            return "clears"
+        if message.origin == self.instance_id:
+            return "own"
+        if message.model != self.model:
+            return "other_model"
+        try:
+            vector = decode_vec(message.embedding)
+            entry = entry_from_meta(message.entry, vector)
+        except (TypeError, ValueError):
+            return "malformed"
+        if vector.shape != (self.cache.embedder.dim,):
+            return "other_model"
+        if entry.created_at < self._cleared_at.get(message.namespace, float("-inf")):
+            return "cleared_before"
+        return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)

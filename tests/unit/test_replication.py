@@ -1,0 +1,205 @@
+"""Entry replication between cache replicas (cache_core.replication), without a broker:
+one cache's EntryFeed messages are handed to another cache's EntryFollower as records."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from kafka import TopicPartition
+
+from cache_core.cache import SemanticCache
+from cache_core.events import EntryMessage
+from cache_core.experiments import ArmConfig
+from cache_core.registry import ExperimentRegistry
+from cache_core.replication import EntryFeed, EntryFollower
+from cache_core.settings import KafkaSettings
+from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
+
+MODEL = "test-model"
+KAFKA = KafkaSettings(entries_topic="entries.unit")
+TP = TopicPartition(KAFKA.entries_topic, 0)
+
+
+class Feed:
+    """Collects what EntryFeed publishes, as the publisher would send it."""
+
+    def __init__(self):
+        self.values: list[bytes] = []
+
+    def publish_entry(self, message: EntryMessage) -> None:
+        self.values.append(message.model_dump_json().encode())
+
+
+def _embedder() -> TableEmbedder:
+    return TableEmbedder({"reset my pin": unit_vec(1, 0), "pin reset please": unit_vec(0.97, 0.24),
+                          "open an account": unit_vec(0, 1), "close my account": unit_vec(0, 0, 1)})
+
+
+def _replica(name: str, clock: ManualClock, exp=None, embedder=None):
+    exp = exp or experiment(ArmConfig(name="a", threshold=0.9), ArmConfig(name="b", threshold=0.9))
+    cache = SemanticCache(embedder or _embedder(), ExperimentRegistry({exp.experiment_id: exp}), clock=clock,
+                          instance_id=name)
+    feed = Feed()
+    cache.entry_feed = EntryFeed(feed, name, MODEL)
+    follower = EntryFollower(KAFKA, cache, name, MODEL)
+    return cache, feed, follower, exp
+
+
+def _deliver(values: list[bytes], follower: EntryFollower, start: int = 0) -> None:
+    for offset, value in enumerate(values, start):
+        follower._positions[TP] = offset + 1
+        follower.handle(SimpleNamespace(value=value, offset=offset), TP)
+    follower.after_batch()
+
+
+def test_an_entry_stored_on_one_replica_hits_on_another_in_the_same_arm_only():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b, _, follower_b, _ = _replica("b", clock)
+    unit_a, unit_b = unit_in_arm(exp, "a"), unit_in_arm(exp, "b")
+    assert a.store("reset my pin", "Card > PIN", unit_a).stored
+    assert not b.lookup("pin reset please", unit_a).hit
+
+    _deliver(feed_a.values, follower_b)
+
+    hit = b.lookup("pin reset please", unit_a)
+    assert hit.hit and hit.answer == "Card > PIN"
+    assert not b.lookup("reset my pin", unit_b).hit  # arm b's store got nothing from arm a
+    assert follower_b.stats()["applied"] == 1
+
+
+def test_a_replica_skips_its_own_changes_and_repeats():
+    clock = ManualClock()
+    a, feed_a, follower_a, exp = _replica("a", clock)
+    b, _, follower_b, _ = _replica("b", clock)
+    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    _deliver(feed_a.values, follower_a)
+    _deliver(feed_a.values * 2, follower_b)
+    assert follower_a.stats()["own"] == 1 and follower_a.stats()["applied"] == 0
+    assert (follower_b.stats()["applied"], follower_b.stats()["duplicate"]) == (1, 1)
+    assert sum(len(p) for p in b.partitions()) == 1
+
+
+def test_expired_other_model_and_malformed_messages_are_counted_and_skipped():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    unit = unit_in_arm(exp, "a")
+    a.store("reset my pin", "Card > PIN", unit, ttl_s=60)
+    late = _replica("late", clock)
+    clock.advance(120)
+    _deliver(feed_a.values, late[2])
+    assert late[2].stats()["expired"] == 1
+
+    put = json.loads(feed_a.values[0])
+    other_model = json.dumps({**put, "model": "another-model"}).encode()
+    bad_base64 = json.dumps({**put, "embedding": "not base64!"}).encode()
+    missing_entry = json.dumps({**put, "entry": None}).encode()
+    unknown_field = json.dumps({**put, "entry": {**put["entry"], "colour": "red"}}).encode()
+    b, _, follower_b, _ = _replica("b", clock)
+    _deliver([other_model, b"not json", missing_entry, unknown_field, bad_base64], follower_b)
+    stats = follower_b.stats()
+    assert (stats["other_model"], stats["malformed"], stats["applied"]) == (1, 4, 0), stats
+    assert stats["handler_errors"] == 0 and sum(len(p) for p in b.partitions()) == 0
+    # a vector of another dimension (another model under the same name) is not indexed
+    short = json.dumps({**put, "embedding": put["embedding"][:16]}).encode()
+    _deliver([short], follower_b, start=5)
+    assert follower_b.stats()["other_model"] == 2
+
+
+def test_the_newer_answer_to_the_same_text_wins_in_either_order():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b, feed_b, follower_b, _ = _replica("b", clock)
+    unit = unit_in_arm(exp, "a")
+    a.store("reset my pin", "old answer", unit)
+    clock.advance(5)
+    b.store("reset my pin", "new answer", unit)
+
+    _deliver(feed_a.values, follower_b)  # the older one arrives after B's own newer entry
+    assert follower_b.stats()["stale"] == 1
+    assert b.lookup("reset my pin", unit).answer == "new answer"
+
+    follower_a = EntryFollower(KAFKA, a, "a", MODEL)
+    _deliver(feed_b.values, follower_a)  # the newer one replaces A's older entry
+    assert follower_a.stats()["applied"] == 1
+    assert a.lookup("reset my pin", unit).answer == "new answer"
+    assert sum(len(p) for p in a.partitions()) == 1
+
+
+def test_a_clear_removes_what_was_created_before_it_and_drops_older_puts_arriving_late():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b, feed_b, follower_b, _ = _replica("b", clock)
+    unit = unit_in_arm(exp, "a")
+    b.store("reset my pin", "before", unit)
+    a.store("close my account", "spooled on A, created before the clear", unit)
+    clock.advance(1)
+    a.clear_namespace("default")
+    clock.advance(1)
+    b.store("open an account", "after", unit)
+
+    clear = [v for v in feed_a.values if json.loads(v)["change"] == "clear"]
+    late_put = [v for v in feed_a.values if json.loads(v)["change"] == "put"]
+    _deliver(clear + late_put, follower_b)
+
+    stats = follower_b.stats()
+    assert (stats["clears"], stats["cleared_before"], stats["applied"]) == (1, 1, 0), stats
+    assert not b.lookup("reset my pin", unit).hit
+    assert b.lookup("open an account", unit).hit
+
+
+def test_this_replicas_capacity_and_lru_apply_to_replicated_entries():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock, experiment(ArmConfig(name="a", threshold=0.9)))
+    # B's config is the same experiment with a smaller store (replicas may be sized differently)
+    b, _, follower_b, _ = _replica("b", clock, experiment(ArmConfig(name="a", threshold=0.9, capacity_entries=2)))
+    unit = unit_in_arm(exp, "a")
+    for text in ("reset my pin", "open an account", "close my account"):
+        a.store(text, text.upper(), unit)
+        clock.advance(1)
+    _deliver(feed_a.values, follower_b)
+    assert follower_b.stats()["applied"] == 3
+    assert sum(len(p) for p in b.partitions()) == 2
+    assert not b.lookup("reset my pin", unit).hit  # the least recently used went
+
+
+def test_offsets_and_clear_times_survive_a_restart(tmp_path):
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b = _replica("b", clock)[0]
+    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    a.clear_namespace("default")
+    follower = EntryFollower(KAFKA, b, "b", MODEL, state_dir=tmp_path)
+    _deliver(feed_a.values, follower)
+
+    again = EntryFollower(KAFKA, b, "b", MODEL, state_dir=tmp_path)
+    assert again.start_offsets() == {TP: 2}
+    assert again._cleared_at == {"default": clock()}
+
+    (tmp_path / "replication-offsets.json").write_text("{not json")
+    assert EntryFollower(KAFKA, b, "b", MODEL, state_dir=tmp_path).start_offsets() == {}
+    other_topic = EntryFollower(KafkaSettings(entries_topic="elsewhere"), b, "b", MODEL, state_dir=tmp_path)
+    (tmp_path / "replication-offsets.json").write_text(json.dumps({"topic": "entries.unit", "offsets": {"0": 7}}))
+    assert other_topic.start_offsets() == {}
+
+
+def test_a_put_message_must_carry_its_entry():
+    with pytest.raises(ValueError, match="a put needs"):
+        EntryMessage(change="put", origin="a", namespace="default")
+    with pytest.raises(ValueError, match="instance id"):
+        EntryFeed(Feed(), "", MODEL)
+
+
+def test_replicated_embeddings_round_trip_exactly():
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b, _, follower_b, _ = _replica("b", clock)
+    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    _deliver(feed_a.values, follower_b)
+    [original] = [e for p in a.partitions() for e in p.entries.values()]
+    [copy] = [e for p in b.partitions() for e in p.entries.values()]
+    assert np.array_equal(original.embedding, copy.embedding)
+    assert (copy.entry_id, copy.created_at, copy.intent_cluster) == \
+        (original.entry_id, original.created_at, original.intent_cluster)
