@@ -105,10 +105,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                     explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring). Explorations go
     out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
-    topic = control.config_history(settings, experiment_id)
+    config, topic = control.live_state(settings, experiment_id)  # one read of the control topic
     if apply:  # admin-API pushes reach only the topic: audit them, so the history below is whole
         control.sync_audit(settings, experiment_id, client, topic)
-    config = control.current_config(settings, experiment_id)
     explore_share = 0.0 if not explore else canary_share if explore_share is None else explore_share
     actions: list[TuneAction] = []
     touched: set[str] = set()

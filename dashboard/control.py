@@ -126,14 +126,28 @@ def file_configs(settings: Settings) -> dict[str, ExperimentConfig]:
         return {}
 
 
-def _live_winner(settings: Settings, experiment_id: str) -> Winner:
+def live_state(settings: Settings, experiment_id: str) -> tuple[ExperimentConfig, list[ControlMessage]]:
+    """The live config (``current_config``) and the versions that were in force
+    (``config_history``), from one read of the control topic."""
+    fold = _read_fold(settings)
+    return _winner_in(fold, experiment_id).config, fold.history(experiment_id)
+
+
+def _read_fold(settings: Settings, base: dict[str, ExperimentConfig] | None = None):
     # Imported here so the what-if helpers load without a Kafka client.
     from cache_core.control import read_control
-    fold = read_control(settings.kafka, base=file_configs(settings))
+    return read_control(settings.kafka, base=file_configs(settings) if base is None else base)
+
+
+def _winner_in(fold, experiment_id: str) -> Winner:
     winner = fold.winner(experiment_id)
     if winner is None:
         raise ValueError(f"unknown experiment {experiment_id!r}; known experiments: {sorted(fold.winners())}")
     return winner
+
+
+def _live_winner(settings: Settings, experiment_id: str) -> Winner:
+    return _winner_in(_read_fold(settings), experiment_id)
 
 
 def _replace_arm(config: ExperimentConfig, arm: str, **fields) -> ExperimentConfig:
@@ -368,8 +382,7 @@ def config_history(settings: Settings, experiment_id: str,
                    base: dict[str, ExperimentConfig] | None = None) -> list[ControlMessage]:
     """Every control message that put a version of the experiment in force, oldest first
     (``ControlFold.history`` over the experiments file, or ``base``)."""
-    from cache_core.control import read_control
-    return read_control(settings.kafka, base=file_configs(settings) if base is None else base).history(experiment_id)
+    return _read_fold(settings, base).history(experiment_id)
 
 
 def sync_audit(settings: Settings, experiment_id: str, client,
