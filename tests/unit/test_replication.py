@@ -68,6 +68,11 @@ def test_an_entry_stored_on_one_replica_hits_on_another_in_the_same_arm_only():
     assert hit.hit and hit.answer == "Card > PIN"
     assert not b.lookup("reset my pin", unit_b).hit  # arm b's store got nothing from arm a
     assert follower_b.stats()["applied"] == 1
+    [original] = [e for p in a.partitions() for e in p.entries.values()]
+    [copy] = [e for p in b.partitions() for e in p.entries.values()]
+    assert np.array_equal(original.embedding, copy.embedding)  # exactly, not re-encoded
+    assert (copy.entry_id, copy.created_at, copy.intent_cluster) == \
+        (original.entry_id, original.created_at, original.intent_cluster)
 
 
 def test_a_replica_skips_its_own_changes_and_repeats():
@@ -190,16 +195,3 @@ def test_a_put_message_must_carry_its_entry():
         EntryMessage(change="put", origin="a", namespace="default")
     with pytest.raises(ValueError, match="instance id"):
         EntryFeed(Feed(), "", MODEL)
-
-
-def test_replicated_embeddings_round_trip_exactly():
-    clock = ManualClock()
-    a, feed_a, _, exp = _replica("a", clock)
-    b, _, follower_b, _ = _replica("b", clock)
-    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
-    _deliver(feed_a.values, follower_b)
-    [original] = [e for p in a.partitions() for e in p.entries.values()]
-    [copy] = [e for p in b.partitions() for e in p.entries.values()]
-    assert np.array_equal(original.embedding, copy.embedding)
-    assert (copy.entry_id, copy.created_at, copy.intent_cluster) == \
-        (original.entry_id, original.created_at, original.intent_cluster)
