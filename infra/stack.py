@@ -101,8 +101,9 @@ class Stack:
             "SCACHE_SERVICE__PORT": str(port),
             "SCACHE_CACHE__SNAPSHOT_DIR": str(self.state_dir / "snapshots"),
         })
+        # Ready, not just alive: traffic waits until the control and entries topics are replayed.
         return self._start_http("cache-service", [sys.executable, "-m", "cache_core.service"],
-                                port, health_path="/healthz", timeout_s=180)
+                                port, health_path="/readyz", timeout_s=180)
 
     def start_dashboard(self) -> Service:
         port = free_port()

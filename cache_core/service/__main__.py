@@ -95,6 +95,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
             return 2
         listener.append(ControlListener(settings.kafka, on_record=app.state.registry.apply_record))
         listener[0].start()
+        app.state.followers["control"] = listener[0]  # /readyz: not before the live config is known
         if app.state.entry_follower is not None:  # entries the other replicas store
             listener.append(app.state.entry_follower.start())
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)

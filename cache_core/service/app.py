@@ -120,6 +120,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     app.state.metrics, app.state.publisher = metrics, publisher
     app.state.persistence, app.state.settings = persistence, settings
     app.state.entry_follower = follower
+    # Topic followers /readyz waits for, by name (the caller adds the control listener it starts).
+    app.state.followers = {"entries": follower} if follower else {}
     _add_error_handlers(app)
     _add_routes(app, cache, registry, metrics, publisher)
     _add_chat_route(app, cache, metrics, settings, upstream)
@@ -189,6 +191,18 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
             return JSONResponse(status_code=503, content={"detail": "feedback could not be queued"})
         metrics.feedback.labels(body.verdict).inc()
         return {"accepted": True, "request_id": body.request_id}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        """Ready for traffic once every topic follower in ``app.state.followers`` (the control
+        listener, the entries follower) has replayed its topic: before that, this instance
+        would decide with a stale config or an empty cache. 503 with what is missing."""
+        waiting = sorted(name for name, follower in app.state.followers.items()
+                         if not follower.stats()["caught_up"])
+        if waiting:
+            return JSONResponse(status_code=503, content={
+                "ready": False, "detail": f"still replaying: {', '.join(waiting)}"})
+        return JSONResponse(content={"ready": True})
 
     @app.get("/healthz")
     def healthz() -> dict:

@@ -130,3 +130,4 @@ def test_two_service_processes_share_entries(kafka_settings, cache_service_facto
     assert replication["caught_up"] and replication["applied"] == 1
     assert 'scache_replication_messages_total{outcome="applied"} 1.0' in second.get("/metrics").text
     assert first.get("/healthz").json()["replication"]["own"] == 1
+    assert second.get("/readyz").json() == {"ready": True}  # control and entries topics replayed

@@ -80,3 +80,22 @@ def test_bad_input_is_4xx_with_reason(api, path, body, status, reason):
 def test_malformed_json_is_422(api):
     response = api.post("/v1/lookup", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 422 and "json" in response.text.lower()
+
+
+class _Follower:
+    def __init__(self, caught_up: bool):
+        self.caught_up = caught_up
+
+    def stats(self) -> dict:
+        return {"caught_up": self.caught_up}
+
+
+def test_ready_only_once_every_topic_follower_has_replayed(api):
+    assert api.get("/readyz").json() == {"ready": True}  # no followers: nothing to wait for
+    control, entries = _Follower(False), _Follower(True)
+    api.app.state.followers.update(control=control, entries=entries)
+    waiting = api.get("/readyz")
+    assert waiting.status_code == 503 and waiting.json()["detail"] == "still replaying: control"
+    assert api.get("/healthz").status_code == 200  # alive all the same
+    control.caught_up = True
+    assert api.get("/readyz").status_code == 200
