@@ -16,7 +16,9 @@ topic (``EntryFollower``), applying the others' changes:
 
 Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
 stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
-Entries from another encoder model or dimension are skipped and counted.
+Entries from another encoder model or dimension are skipped and counted. The topic
+carries queries and answers (events do not, unless ``emit_query_text``): give it the
+protection of the cache's own storage (ACLs, encryption), or set ``SCACHE_CACHE__REPLICATE=false``.
 
 Position. With persistence, the follower keeps the offsets it has applied in
 ``replication-offsets.json`` beside the write-ahead log, written after the log holding

@@ -83,7 +83,8 @@ class CacheSettings(_Documented):
     default_ttl_s: float = Field(3600.0, gt=0)
     """TTL of a stored entry when neither the request nor its arm sets ttl_s."""
     emit_query_text: bool = False
-    """Put the raw query text in events (off: it never leaves the process)."""
+    """Put the raw query text in events (off: events carry none; entries shared with other replicas
+    always carry query and answer, so with replicate on they reach the entries topic)."""
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
     """Write-ahead log and snapshots, one directory per instance."""
     persist: bool = True
