@@ -14,6 +14,9 @@ topic (``EntryFollower``), applying the others' changes:
   another replica after the clear survives, and one stored before it but delivered
   late is dropped.
 
+A replica's own changes come back to it too: normally already applied (counted as
+``own``), but after a restart without persistence they give it back its own entries.
+
 Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
 stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
 Entries from another encoder model or dimension are skipped and counted. The topic
@@ -21,8 +24,8 @@ carries queries and answers (events do not, unless ``emit_query_text``): give it
 protection of the cache's own storage (ACLs, encryption), or set ``SCACHE_CACHE__REPLICATE=false``.
 
 Position. With persistence, the follower keeps the offsets it has applied in
-``replication-offsets.json`` beside the write-ahead log, written after the log holding
-those entries is synced (with the time of each namespace's last clear), so a restart
+``replication-offsets.json`` beside the write-ahead log, written (at most once a second,
+and at stop) after the log holding those entries is synced (with the time of each namespace's last clear), so a restart
 resumes where it stopped and re-reads nothing it already has. Without it (or with a fresh directory) the follower reads the topic from
 its beginning: a new replica warms up from what the others stored within the topic's
 retention (``SCACHE_KAFKA__ENTRIES_RETENTION_MS``). ``wait_caught_up`` says when that
@@ -33,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from kafka import TopicPartition
@@ -46,6 +50,7 @@ from cache_core.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 OFFSETS_FILE = "replication-offsets.json"
+SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
             "own", "other_model", "malformed")
 
@@ -87,6 +92,7 @@ class EntryFollower(TopicFollower):
         self.model = model
         self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
         self._cleared_at: dict[str, float] = {}
+        self._saved_at = float("-inf")
 
     # -- position ---------------------------------------------------------------------
 
@@ -105,14 +111,23 @@ class EntryFollower(TopicFollower):
             return {}
 
     def after_batch(self) -> None:
-        # Offsets may only move past what the write-ahead log holds durably.
-        self.cache.sync_journal()
-        if self.offsets_path is not None:
-            body = {"topic": self.topic, "offsets": {str(tp.partition): o for tp, o in self.positions.items()},
-                    "cleared_at": self._cleared_at}
-            tmp = self.offsets_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(body))
-            os.replace(tmp, self.offsets_path)
+        # At most once a second: re-reading a second's messages after a crash only finds duplicates.
+        if self.offsets_path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self._save_offsets()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        super().stop(timeout_s)
+        if self.offsets_path is not None and not self.stats()["alive"] and self._positions:
+            self._save_offsets()
+
+    def _save_offsets(self) -> None:
+        self.cache.sync_journal()  # offsets may only move past what the write-ahead log holds durably
+        body = {"topic": self.topic, "offsets": {str(tp.partition): o for tp, o in self.positions.items()},
+                "cleared_at": self._cleared_at}
+        tmp = self.offsets_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, self.offsets_path)
+        self._saved_at = time.monotonic()
 
     # -- records ----------------------------------------------------------------------
 
@@ -132,15 +147,17 @@ class EntryFollower(TopicFollower):
                           extra={"partition": tp.partition, "offset": record.offset, "origin": message.origin})
 
     def _apply(self, message: EntryMessage) -> str:
+        own = message.origin == self.instance_id
         if message.change == "clear":
             cleared_at = message.ts_ms / 1000
             self._cleared_at[message.namespace] = max(cleared_at, self._cleared_at.get(message.namespace, 0.0))
-            if message.origin == self.instance_id:
-                return "own"  # cleared here already; remembered to drop older puts arriving late
+            # Also our own: it removes the other replicas' older entries that arrived after the local clear.
             self.cache.apply_replicated_clear(message.namespace, cleared_at)
-            return "clears"
-        if message.origin == self.instance_id:
-            return "own"
+            return "own" if own else "clears"
+        outcome = self._apply_put(message)
+        return "own" if own and outcome == "duplicate" else outcome
+
+    def _apply_put(self, message: EntryMessage) -> str:
         if message.model != self.model:
             return "other_model"
         try:

@@ -75,7 +75,7 @@ def test_an_entry_stored_on_one_replica_hits_on_another_in_the_same_arm_only():
         (original.entry_id, original.created_at, original.intent_cluster)
 
 
-def test_a_replica_skips_its_own_changes_and_repeats():
+def test_own_changes_come_back_as_own_and_restore_a_replica_restarted_without_persistence():
     clock = ManualClock()
     a, feed_a, follower_a, exp = _replica("a", clock)
     b, _, follower_b, _ = _replica("b", clock)
@@ -85,6 +85,10 @@ def test_a_replica_skips_its_own_changes_and_repeats():
     assert follower_a.stats()["own"] == 1 and follower_a.stats()["applied"] == 0
     assert (follower_b.stats()["applied"], follower_b.stats()["duplicate"]) == (1, 1)
     assert sum(len(p) for p in b.partitions()) == 1
+
+    restarted, _, follower, _ = _replica("a", clock)  # same instance id, nothing on disk
+    _deliver(feed_a.values, follower)
+    assert follower.stats()["applied"] == 1 and restarted.lookup("reset my pin", unit_in_arm(exp, "a")).hit
 
 
 def test_expired_other_model_and_malformed_messages_are_counted_and_skipped():
