@@ -36,7 +36,7 @@ from cache_core.embedder import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
 from cache_core.publisher import EventPublisher  # noqa: E402
 from cache_core.registry import ExperimentRegistry  # noqa: E402
-from cache_core.replication import EntryFeed, EntryFollower  # noqa: E402
+from cache_core.replication import EntryFollower, share  # noqa: E402
 from cache_core.settings import CacheSettings, KafkaSettings  # noqa: E402
 from infra.kafka.broker import start_broker  # noqa: E402
 from infra.kafka.topics import ensure_topics  # noqa: E402
@@ -74,7 +74,7 @@ class Replica:
         self.applied_at: dict[str, float] = {}
         self.follower = None
         if share:
-            self.cache.entry_feed = EntryFeed(self.publisher, name, MODEL)
+            share(self.cache, self.publisher, name, MODEL)
             self.follower = _TimedFollower(kafka, self.cache, name, MODEL, self.applied_at).start()
             self.follower.wait_caught_up(600)
 

@@ -16,13 +16,25 @@ Ids are small integers, never reused, so ``intent_cluster`` means the same
 thing across arms, across retrains (as far as the clusters themselves persist)
 and across restarts (the state is part of the cache snapshot), and
 ``ArmConfig.cluster_thresholds`` can refer to them.
+
+Across replicas (cache_core.replication) the ids must mean the same intent on every
+replica, so there one model is shared: ``fleet_ids`` draws new ids at random from
+[FLEET_ID_MIN, 2^31) (no coordination, and no clash with the small ids a single
+instance had); the ``listener`` hears of every cluster opened here and of every
+retrained model, and the other replicas take them in with ``adopt_open`` and
+``adopt_model``. Models are ordered by (generation, origin): a retrain publishes
+generation + 1, and when two replicas retrain at once every replica keeps the same
+one. Adopting a model keeps the clusters it cannot know (opened after its sample was
+taken) and drops those it retired. Centroids still move with each replica's own
+traffic between retrains; the ids do not.
 """
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
@@ -31,6 +43,24 @@ from scipy.optimize import linear_sum_assignment
 log = logging.getLogger(__name__)
 
 MIN_POINTS_PER_CLUSTER = 5
+FLEET_ID_MIN = 1_000_000
+FLEET_ID_MAX = 2**31 - 1
+
+
+@dataclass
+class ClusterModel:
+    """A retrained set of clusters, as replicas exchange it (centroids: rows, unit length)."""
+
+    generation: int
+    origin: str
+    trained_at_ms: int
+    """When the retrain took its sample: clusters opened later are not in it, and survive its adoption."""
+    ids: list[int]
+    counts: list[int]
+    centroids: np.ndarray = field(repr=False)
+
+    def order(self) -> tuple[int, str]:
+        return self.generation, self.origin
 
 
 @dataclass
@@ -78,6 +108,15 @@ class OnlineClusters:
         self._lock = threading.Lock()
         self._retraining = threading.Lock()
         self.retrains: list[RetrainReport] = []
+        # Sharing one model across replicas (see the module docstring).
+        self.fleet_ids = False
+        self.origin = ""
+        self.listener = None
+        """Optional: ``cluster_opened(id, vec, at_ms)`` and ``clusters_retrained(ClusterModel)``."""
+        self.generation = 0
+        self.model_origin = ""
+        self._opened_at_ms: dict[int, int] = {}  # opened or adopted since the last model
+        self._id_rng = random.SystemRandom()
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -100,12 +139,13 @@ class OnlineClusters:
         """Cluster id for ``vec``; with ``update`` the centroid moves toward it and the
         vector joins the retrain sample (a retrain may start)."""
         vec = np.asarray(vec, dtype=np.float32).reshape(-1)
+        opened = False
         with self._lock:
             if update:
                 self._sample(vec)
             row, sim = self._nearest(vec)
             if row < 0 or (sim < self.radius and len(self) < self.max_clusters):
-                cluster = self._open(vec)
+                cluster, opened = self._open(vec), True
             else:
                 cluster = self._ids[row]
                 if update:
@@ -113,6 +153,8 @@ class OnlineClusters:
             due = update and self._seen >= self._next_retrain
             if due:
                 self._next_retrain = int(self._seen * self.retrain_growth) + 1
+        if opened and self.listener is not None:
+            self.listener.cluster_opened(cluster, vec, self._opened_at_ms[cluster])
         if due:
             self._start_retrain()
         return cluster
@@ -121,6 +163,7 @@ class OnlineClusters:
         """Fit k-means to the sample and re-key the clusters (None if the sample is too small)."""
         with self._retraining:
             with self._lock:
+                sampled_at_ms = int(time.time() * 1000)
                 sample = self._reservoir[:self._filled].copy()
                 old_ids, old_centroids = list(self._ids), self._centroids.copy()
             k = self.k or len(old_ids)
@@ -135,10 +178,49 @@ class OnlineClusters:
             new_ids, report = self._match(centroids, old_ids, old_centroids)
             with self._lock:
                 self._install(centroids, counts, new_ids, old_ids)
+                self.generation, self.model_origin = self.generation + 1, self.origin
+                self._opened_at_ms = {c: t for c, t in self._opened_at_ms.items() if t > sampled_at_ms}
+                model = ClusterModel(self.generation, self.origin, sampled_at_ms, list(self._ids),
+                                     list(self._counts), self._centroids.copy())
             report.seconds, report.sample = time.perf_counter() - started, len(sample)
             self.retrains.append(report)
             log.info("intent clusters retrained", extra=report.__dict__)
+            if self.listener is not None:
+                self.listener.clusters_retrained(model)
             return report
+
+    # -- sharing one model across replicas ----------------------------------------------
+
+    def adopt_open(self, cluster_id: int, vec: np.ndarray, opened_at_ms: int) -> bool:
+        """Take in a cluster another replica opened (False: known already, or no room)."""
+        vec = _unit_rows(np.asarray(vec, dtype=np.float32).reshape(1, -1))[0]
+        with self._lock:
+            if cluster_id in self._ids or len(self) >= self.max_clusters:
+                return False
+            self._append(cluster_id, vec)
+            self._opened_at_ms[cluster_id] = opened_at_ms
+            return True
+
+    def adopt_model(self, model: ClusterModel) -> bool:
+        """Take in another replica's retrained model if it orders after the one in use."""
+        if model.order() <= (self.generation, self.model_origin):
+            return False
+        centroids = _unit_rows(np.asarray(model.centroids, dtype=np.float32).reshape(len(model.ids), self.dim))
+        with self._lock:
+            if model.order() <= (self.generation, self.model_origin):
+                return False
+            known = set(model.ids)
+            # Opened after the model's sample was taken: it cannot know them, so they stay.
+            late = [row for row, cid in enumerate(self._ids)
+                    if cid not in known and self._opened_at_ms.get(cid, -1) > model.trained_at_ms]
+            counts = np.asarray(model.counts, dtype=np.float32)
+            self._opened_at_ms = {self._ids[row]: self._opened_at_ms[self._ids[row]] for row in late}
+            self._ids = list(model.ids) + [self._ids[row] for row in late]
+            self._centroids = np.vstack([centroids] + [self._centroids[row][None] for row in late])
+            self._sums = np.vstack([centroids * counts[:, None]] + [self._sums[row][None] for row in late])
+            self._counts = [int(c) for c in model.counts] + [self._counts[row] for row in late]
+            self.generation, self.model_origin = model.generation, model.origin
+            return True
 
     # -- persistence ------------------------------------------------------------------
 
@@ -147,7 +229,8 @@ class OnlineClusters:
         with self._lock:
             return {"ids": list(self._ids), "centroids": self._centroids.copy(),
                     "counts": list(self._counts), "next_id": self._next_id, "seen": self._seen,
-                    "next_retrain": self._next_retrain}
+                    "next_retrain": self._next_retrain, "generation": self.generation,
+                    "model_origin": self.model_origin}
 
     def load_state(self, state: dict) -> None:
         centroids = np.asarray(state["centroids"], dtype=np.float32).reshape(-1, self.dim)
@@ -159,6 +242,8 @@ class OnlineClusters:
             self._next_id = int(state["next_id"])
             self._seen = int(state.get("seen", 0))
             self._next_retrain = int(state.get("next_retrain", self._next_retrain))
+            self.generation = int(state.get("generation", 0))
+            self.model_origin = str(state.get("model_origin", ""))
 
     # -- internals --------------------------------------------------------------------
 
@@ -170,13 +255,16 @@ class OnlineClusters:
         return best, float(sims[best])
 
     def _open(self, vec: np.ndarray) -> int:
-        cluster = self._next_id
-        self._next_id += 1
+        cluster = self._fresh_id()
+        self._append(cluster, vec)
+        self._opened_at_ms[cluster] = int(time.time() * 1000)
+        return cluster
+
+    def _append(self, cluster: int, vec: np.ndarray) -> None:
         self._ids.append(cluster)
         self._centroids = np.vstack([self._centroids, vec[None, :]])
         self._sums = np.vstack([self._sums, vec[None, :]])
         self._counts.append(1)
-        return cluster
 
     def _move(self, row: int, vec: np.ndarray) -> None:
         self._sums[row] += vec
@@ -259,6 +347,11 @@ class OnlineClusters:
         self._counts = [int(c) for c in counts] + [self._counts[row] for row in late]
 
     def _fresh_id(self) -> int:
+        if self.fleet_ids:  # unique across replicas without asking any of them
+            taken = set(self._ids)
+            while (cluster := self._id_rng.randint(FLEET_ID_MIN, FLEET_ID_MAX)) in taken:
+                pass
+            return cluster
         cluster = self._next_id
         self._next_id += 1
         return cluster

@@ -119,37 +119,64 @@ class ControlMessage(BaseModel):
     ts_ms: int = Field(default_factory=now_ms)
 
 
+class ClusterModelPayload(BaseModel):
+    """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic."""
+
+    generation: int = Field(ge=1)
+    trained_at_ms: int
+    ids: list[int]
+    counts: list[int]
+    centroids: str
+    """Row-major, one row per id: base64 of little-endian float32."""
+
+
+CLUSTERS_KEY = b"~clusters"  # one key: every replica reads cluster changes in one order
+
+
 class EntryMessage(BaseModel):
-    """One change to a cache replica's entries, produced to the entries topic for the other
-    replicas to apply (``cache_core.replication``). Keyed by namespace, so one namespace's
-    changes stay in order; a clear removes what was created before it, on every replica."""
+    """One change to a cache replica's entries or intent clusters, produced to the entries
+    topic for the other replicas to apply (``cache_core.replication``). Entry changes are
+    keyed by namespace, so one namespace's changes stay in order; a clear removes what was
+    created before it, on every replica. Cluster changes share one key."""
 
     schema_version: int = SCHEMA_VERSION
-    change: Literal["put", "clear"]
+    change: Literal["put", "clear", "cluster", "clusters"]
+    """put: an entry stored; clear: a namespace cleared; cluster: an intent cluster opened
+    (``cluster_id``, centroid in ``embedding``); clusters: a retrained model (``clusters``)."""
     origin: str = Field(min_length=1)
-    """Instance id of the replica that made the change (it skips its own)."""
+    """Instance id of the replica that made the change."""
     ts_ms: int = Field(default_factory=now_ms)
     """When the change was made; a clear removes entries created before it."""
-    namespace: str = Field(min_length=1)
+    namespace: str = ""
     experiment_id: str = ""
     arm_key: str = ""
     """The store an entry belongs to: its arm, or "*" when the experiment's arms share one."""
     model: str = ""
-    """Encoder that made the embedding; a replica on another model skips the entry."""
+    """Encoder that made the vectors; a replica on another model skips the change."""
     entry: dict[str, Any] | None = None
     """put: the entry's fields as persisted (``cache_core.persistence.entry_meta``)."""
     embedding: str | None = None
-    """put: the L2-normalised embedding, base64 of little-endian float32."""
+    """put: the L2-normalised embedding; cluster: the centroid (base64 of little-endian float32)."""
+    cluster_id: int | None = None
+    clusters: ClusterModelPayload | None = None
 
     @model_validator(mode="after")
-    def _put_carries_the_entry(self) -> "EntryMessage":
-        if self.change == "put" and (self.entry is None or not self.embedding or not self.experiment_id
-                                     or not self.arm_key):
-            raise ValueError("a put needs experiment_id, arm_key, entry and embedding")
+    def _carries_what_its_change_needs(self) -> "EntryMessage":
+        missing = {
+            "put": not (self.entry is not None and self.embedding and self.experiment_id and self.arm_key
+                        and self.namespace),
+            "clear": not self.namespace,
+            "cluster": self.cluster_id is None or not self.embedding,
+            "clusters": self.clusters is None,
+        }[self.change]
+        if missing:
+            raise ValueError(f"a {self.change} needs " + {
+                "put": "namespace, experiment_id, arm_key, entry and embedding", "clear": "a namespace",
+                "cluster": "cluster_id and embedding", "clusters": "clusters"}[self.change])
         return self
 
     def kafka_key(self) -> bytes:
-        return self.namespace.encode()
+        return CLUSTERS_KEY if self.change in ("cluster", "clusters") else self.namespace.encode()
 
 
 class WindowAggregate(BaseModel):

@@ -17,6 +17,11 @@ topic (``EntryFollower``), applying the others' changes:
 A replica's own changes come back to it too: normally already applied (counted as
 ``own``), but after a restart without persistence they give it back its own entries.
 
+Intent clusters are one model across replicas, so that a cluster id (in events, in
+``cluster_thresholds``) names the same intent on each: cluster ids are drawn unique
+across replicas, and every cluster a replica opens and every model it retrains goes to
+the topic too; the others adopt them (``OnlineClusters.adopt_open`` / ``adopt_model``).
+
 Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
 stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
 Entries from another encoder model or dimension are skipped and counted. The topic
@@ -42,7 +47,8 @@ from pathlib import Path
 from kafka import TopicPartition
 from pydantic import ValidationError
 
-from cache_core.events import EntryMessage
+from cache_core.clusters import ClusterModel
+from cache_core.events import ClusterModelPayload, EntryMessage
 from cache_core.follower import TopicFollower
 from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
 from cache_core.settings import KafkaSettings
@@ -52,7 +58,7 @@ log = logging.getLogger(__name__)
 OFFSETS_FILE = "replication-offsets.json"
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
-            "own", "other_model", "malformed")
+            "clusters", "own", "other_model", "malformed")
 
 
 class EntryFeed:
@@ -75,6 +81,28 @@ class EntryFeed:
     def cleared(self, namespace: str, cleared_at: float) -> None:
         self.publisher.publish_entry(EntryMessage(change="clear", origin=self.instance_id,
                                                   ts_ms=int(cleared_at * 1000), namespace=namespace))
+
+    # OnlineClusters.listener: the intent clusters are one model across replicas.
+
+    def cluster_opened(self, cluster_id: int, centroid, opened_at_ms: int) -> None:
+        self.publisher.publish_entry(EntryMessage(change="cluster", origin=self.instance_id, ts_ms=opened_at_ms,
+                                                  model=self.model, cluster_id=cluster_id,
+                                                  embedding=encode_vec(centroid)))
+
+    def clusters_retrained(self, model: ClusterModel) -> None:
+        self.publisher.publish_entry(EntryMessage(
+            change="clusters", origin=self.instance_id, model=self.model, clusters=ClusterModelPayload(
+                generation=model.generation, trained_at_ms=model.trained_at_ms, ids=model.ids,
+                counts=model.counts, centroids=encode_vec(model.centroids.reshape(-1)))))
+
+
+def share(cache, publisher, instance_id: str, model: str) -> EntryFeed:
+    """Send ``cache``'s stored entries, clears and intent-cluster changes to the entries topic
+    through ``publisher``; its clusters draw ids unique across replicas. Returns the feed."""
+    feed = EntryFeed(publisher, instance_id, model)
+    cache.entry_feed = feed
+    cache.clusters.fleet_ids, cache.clusters.origin, cache.clusters.listener = True, instance_id, feed
+    return feed
 
 
 class EntryFollower(TopicFollower):
@@ -148,6 +176,8 @@ class EntryFollower(TopicFollower):
 
     def _apply(self, message: EntryMessage) -> str:
         own = message.origin == self.instance_id
+        if message.change in ("cluster", "clusters"):
+            return "own" if own else self._apply_clusters(message)
         if message.change == "clear":
             cleared_at = message.ts_ms / 1000
             self._cleared_at[message.namespace] = max(cleared_at, self._cleared_at.get(message.namespace, 0.0))
@@ -170,3 +200,22 @@ class EntryFollower(TopicFollower):
         if entry.created_at < self._cleared_at.get(message.namespace, float("-inf")):
             return "cleared_before"
         return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)
+
+    def _apply_clusters(self, message: EntryMessage) -> str:
+        if message.model != self.model:
+            return "other_model"
+        clusters, dim = self.cache.clusters, self.cache.embedder.dim
+        try:
+            vectors = decode_vec(message.embedding if message.change == "cluster" else message.clusters.centroids)
+        except ValueError:
+            return "malformed"
+        if message.change == "cluster":
+            if vectors.shape != (dim,):
+                return "other_model"
+            return "clusters" if clusters.adopt_open(message.cluster_id, vectors, message.ts_ms) else "duplicate"
+        payload, centroids = message.clusters, vectors
+        if len(payload.ids) != len(payload.counts) or centroids.size != len(payload.ids) * dim:
+            return "malformed"
+        model = ClusterModel(payload.generation, message.origin, payload.trained_at_ms, payload.ids,
+                             payload.counts, centroids.reshape(len(payload.ids), dim))
+        return "clusters" if clusters.adopt_model(model) else "stale"

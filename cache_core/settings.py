@@ -95,8 +95,9 @@ class CacheSettings(_Documented):
     wal_fsync: bool = True
     """fsync each acknowledged store (off only for throwaway caches)."""
     replicate: bool = True
-    """Share stored entries and namespace clears with the other replicas through the entries topic,
-    and apply theirs (a new replica warms up from the topic); off: this instance's entries are its own."""
+    """Share stored entries, namespace clears and intent clusters with the other replicas through the
+    entries topic, and apply theirs (a new replica warms up from the topic); off: this instance's entries
+    and cluster ids are its own."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)

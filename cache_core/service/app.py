@@ -22,7 +22,7 @@ from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.experiments import ExperimentConfig
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
-from cache_core.replication import EntryFeed, EntryFollower
+from cache_core.replication import EntryFollower, share
 from cache_core.service import chat
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import (ChatCompletionRequest, FeedbackRequest, LookupRequest,
@@ -131,10 +131,10 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
 
 def _replication(settings: Settings, cache: SemanticCache, publisher, instance_id: str,
                  persistence: Persistence | None) -> EntryFollower:
-    """Attach the entry feed to ``cache`` and build (not start) its follower. Its offsets
+    """Attach the entry feed to ``cache`` (and its intent clusters) and build (not start) its follower. Its offsets
     live beside the write-ahead log: without one, every start replays the topic."""
     model = settings.cache.model
-    cache.entry_feed = EntryFeed(publisher, instance_id, model)
+    share(cache, publisher, instance_id, model)
     return EntryFollower(settings.kafka, cache, instance_id, model,
                          state_dir=persistence.directory if persistence is not None else None)
 

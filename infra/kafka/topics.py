@@ -48,6 +48,9 @@ CONTROL_TOPIC_CONFIGS = {
 }
 
 
+ENTRIES_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
 def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
     """Topic name -> create options (kafka-python's dict form)."""
     retained = {"cleanup.policy": "delete", "retention.ms": str(kafka.events_retention_ms)}
@@ -61,7 +64,9 @@ def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
         kafka.entries_topic: {"num_partitions": kafka.entries_partitions,
                               "replication_factor": kafka.replication_factor,
                               "configs": {"cleanup.policy": "delete",
-                                          "retention.ms": str(kafka.entries_retention_ms)}},
+                                          "retention.ms": str(kafka.entries_retention_ms),
+                                          # a retrained cluster model: up to 1024 x 384 floats
+                                          "max.message.bytes": str(ENTRIES_MAX_MESSAGE_BYTES)}},
     }
 
 

@@ -14,7 +14,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.cache import SemanticCache
 from cache_core.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
-from cache_core.replication import EntryFeed, EntryFollower
+from cache_core.replication import EntryFollower, share
 from cache_core.settings import KafkaSettings
 from infra.kafka.broker import start_broker
 from infra.kafka.topics import ensure_topics
@@ -136,7 +136,7 @@ def test_entries_stored_while_the_broker_is_down_reach_the_other_replica(broker,
     for name in ("one", "two"):
         cache = SemanticCache(embedder, ExperimentRegistry({"outage": experiment}), instance_id=name)
         publisher = EventPublisher(settings, spool_dir=tmp_path / f"spool-{name}", instance_id=name)
-        cache.entry_feed = EntryFeed(publisher, name, "table")
+        share(cache, publisher, name, "table")
         follower = EntryFollower(settings, cache, name, "table", retry_s=0.5).start()
         replicas.append((cache, publisher, follower))
     (one, one_publisher, _), (two, _, two_follower) = replicas

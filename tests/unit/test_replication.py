@@ -10,10 +10,11 @@ import pytest
 from kafka import TopicPartition
 
 from cache_core.cache import SemanticCache
+from cache_core.clusters import FLEET_ID_MIN, ClusterModel, OnlineClusters
 from cache_core.events import EntryMessage
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
-from cache_core.replication import EntryFeed, EntryFollower
+from cache_core.replication import EntryFeed, EntryFollower, share
 from cache_core.settings import KafkaSettings
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
 
@@ -23,13 +24,16 @@ TP = TopicPartition(KAFKA.entries_topic, 0)
 
 
 class Feed:
-    """Collects what EntryFeed publishes, as the publisher would send it."""
+    """Collects what EntryFeed publishes, as the publisher would send it: entry changes in
+    ``values``, intent-cluster changes in ``cluster_values``."""
 
     def __init__(self):
         self.values: list[bytes] = []
+        self.cluster_values: list[bytes] = []
 
     def publish_entry(self, message: EntryMessage) -> None:
-        self.values.append(message.model_dump_json().encode())
+        clusters = message.change in ("cluster", "clusters")
+        (self.cluster_values if clusters else self.values).append(message.model_dump_json().encode())
 
 
 def _embedder() -> TableEmbedder:
@@ -42,9 +46,17 @@ def _replica(name: str, clock: ManualClock, exp=None, embedder=None):
     cache = SemanticCache(embedder or _embedder(), ExperimentRegistry({exp.experiment_id: exp}), clock=clock,
                           instance_id=name)
     feed = Feed()
-    cache.entry_feed = EntryFeed(feed, name, MODEL)
+    share(cache, feed, name, MODEL)
     follower = EntryFollower(KAFKA, cache, name, MODEL)
     return cache, feed, follower, exp
+
+
+def _pair():
+    """Replicas a and b on one clock, and a unit of arm a."""
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b, feed_b, follower_b, _ = _replica("b", clock)
+    return clock, (a, feed_a), (b, feed_b, follower_b), unit_in_arm(exp, "a")
 
 
 def _deliver(values: list[bytes], follower: EntryFollower, start: int = 0) -> None:
@@ -118,10 +130,7 @@ def test_expired_other_model_and_malformed_messages_are_counted_and_skipped():
 
 
 def test_the_newer_answer_to_the_same_text_wins_in_either_order():
-    clock = ManualClock()
-    a, feed_a, _, exp = _replica("a", clock)
-    b, feed_b, follower_b, _ = _replica("b", clock)
-    unit = unit_in_arm(exp, "a")
+    clock, (a, feed_a), (b, feed_b, follower_b), unit = _pair()
     a.store("reset my pin", "old answer", unit)
     clock.advance(5)
     b.store("reset my pin", "new answer", unit)
@@ -138,10 +147,7 @@ def test_the_newer_answer_to_the_same_text_wins_in_either_order():
 
 
 def test_a_clear_removes_what_was_created_before_it_and_drops_older_puts_arriving_late():
-    clock = ManualClock()
-    a, feed_a, _, exp = _replica("a", clock)
-    b, feed_b, follower_b, _ = _replica("b", clock)
-    unit = unit_in_arm(exp, "a")
+    clock, (a, feed_a), (b, _, follower_b), unit = _pair()
     b.store("reset my pin", "before", unit)
     a.store("close my account", "spooled on A, created before the clear", unit)
     clock.advance(1)
@@ -199,3 +205,68 @@ def test_a_put_message_must_carry_its_entry():
         EntryMessage(change="put", origin="a", namespace="default")
     with pytest.raises(ValueError, match="instance id"):
         EntryFeed(Feed(), "", MODEL)
+
+
+# -- one intent-cluster model across replicas ----------------------------------------------
+
+def test_a_cluster_opened_on_one_replica_has_the_same_id_on_the_others():
+    _, (a, feed_a), (b, _, follower_b), unit = _pair()
+    opened = a.lookup("reset my pin", unit).intent_cluster
+    assert opened >= FLEET_ID_MIN  # drawn unique across replicas, not 0, 1, 2 ...
+    _deliver(feed_a.cluster_values, follower_b)
+    assert follower_b.stats()["clusters"] == 1
+    assert b.lookup("pin reset please", unit).intent_cluster == opened  # a paraphrase, on B
+    _deliver(feed_a.cluster_values, follower_b)
+    assert follower_b.stats()["duplicate"] == 1
+
+
+def test_every_replica_keeps_the_same_retrained_model_when_two_retrain_at_once():
+    dim = 8
+    rng = np.random.default_rng(3)
+    replicas = {}
+    for name in ("a", "b"):
+        clusters = OnlineClusters(dim, radius=0.5, background=False, retrain_min=10**9)
+        clusters.fleet_ids, clusters.origin = True, name
+        models: list[ClusterModel] = []
+        clusters.listener = SimpleNamespace(cluster_opened=lambda *a: None, clusters_retrained=models.append)
+        for vec in rng.standard_normal((60, dim)).astype(np.float32):
+            clusters.assign(vec / np.linalg.norm(vec))
+        clusters.retrain()
+        replicas[name] = (clusters, models[0])
+    (a, model_a), (b, model_b) = replicas["a"], replicas["b"]
+    assert model_a.order() == (1, "a") and model_b.order() == (1, "b")
+    assert a.adopt_model(model_b) and not b.adopt_model(model_a)  # (1, "b") orders after (1, "a")
+    assert a.ids() == b.ids() == model_b.ids
+    probe = rng.standard_normal(dim).astype(np.float32)
+    assert a.nearest(probe / np.linalg.norm(probe))[0] == b.nearest(probe / np.linalg.norm(probe))[0]
+
+
+def test_adopting_a_model_keeps_later_clusters_and_drops_the_ones_it_retired():
+    clusters = OnlineClusters(2, radius=0.99, background=False, retrain_min=10**9)
+    assert clusters.adopt_open(5_000_001, np.array([1.0, 0.0]), opened_at_ms=1_000)  # before the sample
+    assert clusters.adopt_open(5_000_002, np.array([0.0, 1.0]), opened_at_ms=9_000)  # after it
+    model = ClusterModel(generation=2, origin="b", trained_at_ms=5_000, ids=[7_000_000],
+                         counts=[10], centroids=np.array([[0.6, 0.8]], dtype=np.float32))
+    assert clusters.adopt_model(model)
+    assert clusters.ids() == [7_000_000, 5_000_002]
+    assert not clusters.adopt_model(model)  # the same model again orders nowhere after itself
+    state = clusters.export_state()
+    restored = OnlineClusters(2)
+    restored.load_state(state)
+    assert (restored.generation, restored.model_origin) == (2, "b")
+
+
+def test_a_retrain_reaches_the_other_replica_through_the_feed():
+    _, (a, feed_a), (b, _, follower_b), unit = _pair()
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        a.embedder.table[f"q{i}"] = rng.standard_normal(8).astype(np.float32)
+        a.lookup(f"q{i}", unit)
+    assert a.clusters.retrain() is not None
+    _deliver(feed_a.cluster_values, follower_b)
+    assert (b.clusters.generation, b.clusters.model_origin) == (1, "a")
+    assert b.clusters.ids() == a.clusters.ids()
+    bad = json.loads(feed_a.cluster_values[-1])
+    bad["clusters"]["ids"] = bad["clusters"]["ids"][:-1]
+    _deliver([json.dumps(bad).encode()], follower_b, start=len(feed_a.cluster_values))
+    assert follower_b.stats()["malformed"] == 1
