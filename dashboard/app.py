@@ -302,6 +302,21 @@ def threshold_input(config, arm: str, cluster: int | None, current: float) -> fl
                           current, min_value=0.0, max_value=1.0, step=0.01, format="%.3f")
 
 
+OTHER_CLUSTER = "another id"
+
+
+def cluster_input(view: View, config, arm: str, col) -> int:
+    """The intent cluster to override: one of the arm's busiest in the window (or already
+    overridden), or a typed id."""
+    by_cluster = data.run(view.settings, "breakdown", view.filters, "intent_cluster")
+    choices = processing.cluster_choices(by_cluster, arm, config.arm(arm).cluster_thresholds)
+    picked = col.selectbox("Intent cluster", [*choices, OTHER_CLUSTER], key="ctl_cluster_pick",
+                           format_func=lambda c: choices.get(c, c))
+    if picked != OTHER_CLUSTER:
+        return int(picked)
+    return int(col.number_input("Cluster id", min_value=0, value=0, step=1, key="ctl_cluster"))
+
+
 def change_section(view: View, config) -> None:
     st.subheader("Change a threshold")
     cols = st.columns(3)
@@ -309,7 +324,7 @@ def change_section(view: View, config) -> None:
     scope = cols[1].radio("Scope", ["whole arm", "one intent cluster"], key="ctl_scope", horizontal=True)
     cluster = None
     if scope == "one intent cluster":
-        cluster = int(cols[2].number_input("Intent cluster", min_value=0, value=0, step=1, key="ctl_cluster"))
+        cluster = cluster_input(view, config, arm, cols[2])
     current = config.arm(arm).threshold_for(cluster)
     threshold = threshold_input(config, arm, cluster, current)
     whatif_preview(view, arm, threshold, cluster)

@@ -204,6 +204,18 @@ def top_clusters(by_cluster: pd.DataFrame, limit: int) -> pd.DataFrame:
     return by_cluster[by_cluster["intent_cluster"].isin(volume.index)]
 
 
+def cluster_choices(by_cluster: pd.DataFrame, arm: str, overridden=(), limit: int = 50) -> dict[int, str]:
+    """The intent clusters an operator may override on ``arm``, labelled: its busiest in the
+    window first (with their request count), then those already overridden. Cluster ids drawn
+    across replicas are long numbers, so the panel offers these rather than a blank input."""
+    rows = by_cluster[by_cluster["arm"] == arm] if not by_cluster.empty else by_cluster
+    volume = rows.groupby("intent_cluster")["requests"].sum().nlargest(limit) if not rows.empty else {}
+    choices = {int(c): f"{int(c)} ({int(n):,} requests)" for c, n in dict(volume).items()}
+    for cluster in overridden:
+        choices.setdefault(int(cluster), f"{int(cluster)} (overridden, no requests in the window)")
+    return choices
+
+
 def lifetime_shares(by_life: pd.DataFrame) -> pd.DataFrame:
     """Per arm x lifetime bucket: that bucket's share of the arm's requests (hits by entry age; misses 'none')."""
     if by_life.empty:

@@ -147,6 +147,11 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     assert at.selectbox(key="dec_dim").options == ["intent_cluster", "index_kind", "lifetime_bucket"]
     at.selectbox(key="ts_metric").set_value("p95_ms").run()
     assert not at.exception
+    # the control panel offers the arm's busiest clusters to override, not a blank id
+    at.radio(key="ctl_scope").set_value("one intent cluster").run()
+    picker = at.selectbox(key="ctl_cluster_pick")
+    assert "requests)" in picker.options[0] and picker.options[-1] == "another id"
+    assert not at.exception
 
 
 def test_cluster_and_canary_pushes_then_rollback(app_env, kafka_settings, monkeypatch):
@@ -156,6 +161,8 @@ def test_cluster_and_canary_pushes_then_rollback(app_env, kafka_settings, monkey
     at.text_input(key="ctl_actor").input("tester")
     at.selectbox(key="ctl_arm").set_value("control")
     at.radio(key="ctl_scope").set_value("one intent cluster").run()
+    # no traffic in the window yet: nothing to pick from, so the id is typed
+    assert at.selectbox(key="ctl_cluster_pick").options == ["another id"]
     at.number_input(key="ctl_cluster").set_value(4)
     at.number_input(key="ctl_threshold").set_value(0.95)
     at.button(key="ctl_push").click().run()

@@ -98,3 +98,12 @@ def test_cluster_comparison_holm():
     assert bool(df.at[0, "significant"])
     assert df.at[1, "p_value"] < 0.05 and not bool(df.at[1, "significant"])  # noise across 10 clusters
     assert (df["p_holm"] >= df["p_value"]).all()
+
+
+def test_cluster_choices_offer_the_arms_busiest_then_the_overridden():
+    df = pd.DataFrame({"arm": ["a", "a", "a", "b"], "intent_cluster": [1_800_000_123, 7, 7, 9],
+                       "requests": [5, 3, 4, 100]})
+    choices = processing.cluster_choices(df, "a", overridden={42: 0.9, 7: 0.8})
+    assert list(choices) == [7, 1_800_000_123, 42]  # by volume on arm a; arm b's cluster 9 not offered
+    assert choices[7] == "7 (7 requests)" and "overridden" in choices[42]
+    assert processing.cluster_choices(df.iloc[0:0], "a") == {}
