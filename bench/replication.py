@@ -66,14 +66,14 @@ class TableEncoder:
 
 class Replica:
     def __init__(self, name: str, kafka: KafkaSettings, encoder, experiment: ExperimentConfig, tmp: Path,
-                 share: bool):
+                 shared: bool):
         self.cache = SemanticCache(encoder, ExperimentRegistry({experiment.experiment_id: experiment}),
                                    instance_id=name)
         self.publisher = EventPublisher(kafka, spool_dir=tmp / f"spool-{name}-{uuid.uuid4().hex[:6]}",
                                         instance_id=name)
         self.applied_at: dict[str, float] = {}
         self.follower = None
-        if share:
+        if shared:
             share(self.cache, self.publisher, name, MODEL)
             self.follower = _TimedFollower(kafka, self.cache, name, MODEL, self.applied_at).start()
             self.follower.wait_caught_up(600)
@@ -92,9 +92,10 @@ class _TimedFollower(EntryFollower):
         super().__init__(kafka, cache, name, model)
         self._applied_at = applied_at
 
-    def handle(self, record, tp) -> None:
-        super().handle(record, tp)
-        self._applied_at[str(record.offset)] = time.perf_counter()
+    def _apply_put(self, message) -> str:
+        outcome = super()._apply_put(message)
+        self._applied_at[message.entry["entry_id"]] = time.perf_counter()
+        return outcome
 
 
 def _topic(bootstrap: str) -> KafkaSettings:
@@ -105,13 +106,13 @@ def _topic(bootstrap: str) -> KafkaSettings:
 
 def hit_rates(bootstrap: str, encoder, experiment, stores, lookups, replicas: int, tmp: Path) -> dict:
     out = {}
-    for share in (False, True):
+    for shared in (False, True):
         kafka = _topic(bootstrap)
-        group = [Replica(f"r{i}", kafka, encoder, experiment, tmp, share) for i in range(replicas)]
+        group = [Replica(f"r{i}", kafka, encoder, experiment, tmp, shared) for i in range(replicas)]
         try:
             for i, (text, intent) in enumerate(stores):
                 group[i % replicas].cache.store(text, intent, unit_id=f"u{i}")
-            if share:  # let replication settle before the traffic
+            if shared:  # let replication settle before the traffic
                 deadline = time.monotonic() + 120
                 while min(r.entries() for r in group) < max(r.entries() for r in group) \
                         and time.monotonic() < deadline:
@@ -121,10 +122,10 @@ def hit_rates(bootstrap: str, encoder, experiment, stores, lookups, replicas: in
                 result = group[i % replicas].cache.lookup(text, unit_id=f"u{i}")
                 hits += result.hit
                 correct += result.hit and result.answer == intent
-            out["shared" if share else "own"] = {
+            out["shared" if shared else "own"] = {
                 "entries_per_replica": [r.entries() for r in group], "hit_rate": hits / len(lookups),
                 "correct_hit_rate": correct / len(lookups), "false_hits": hits - correct}
-            print(f"  entries {'shared' if share else 'own   '}: {out['shared' if share else 'own']}", flush=True)
+            print(f"  entries {'shared' if shared else 'own   '}: {out['shared' if shared else 'own']}", flush=True)
         finally:
             for replica in group:
                 replica.stop()
@@ -133,20 +134,21 @@ def hit_rates(bootstrap: str, encoder, experiment, stores, lookups, replicas: in
 
 def lag(bootstrap: str, encoder, experiment, stores, n: int, tmp: Path) -> dict:
     kafka = _topic(bootstrap)
-    origin = Replica("origin", kafka, encoder, experiment, tmp, share=True)
-    other = Replica("other", kafka, encoder, experiment, tmp, share=True)
+    origin = Replica("origin", kafka, encoder, experiment, tmp, shared=True)
+    other = Replica("other", kafka, encoder, experiment, tmp, shared=True)
     try:
-        stored_at = []
+        stored_at: dict[str, float] = {}
         for i, (text, intent) in enumerate(stores[:n]):
-            origin.cache.store(text, intent, unit_id=f"u{i}")
-            stored_at.append(time.perf_counter())
+            result = origin.cache.store(text, intent, unit_id=f"u{i}")
+            if result.stored:
+                stored_at[result.entry_id] = time.perf_counter()
             time.sleep(0.01)  # a paced stream, not one burst
         deadline = time.monotonic() + 60
-        while len(other.applied_at) < n and time.monotonic() < deadline:
+        while not stored_at.keys() <= other.applied_at.keys() and time.monotonic() < deadline:
             time.sleep(0.05)
-        applied = [other.applied_at[str(i)] for i in range(n) if str(i) in other.applied_at]
-        lags_ms = np.array([(a - s) * 1000 for a, s in zip(applied, stored_at)])
-        return {"stores": n, "applied": len(applied), "p50_ms": float(np.percentile(lags_ms, 50)),
+        lags_ms = np.array([(other.applied_at[e] - t) * 1000 for e, t in stored_at.items() if e in other.applied_at])
+        applied = lags_ms
+        return {"stores": len(stored_at), "applied": len(applied), "p50_ms": float(np.percentile(lags_ms, 50)),
                 "p95_ms": float(np.percentile(lags_ms, 95)), "max_ms": float(lags_ms.max()),
                 "lags_ms": lags_ms.round(2).tolist()}
     finally:
@@ -156,7 +158,7 @@ def lag(bootstrap: str, encoder, experiment, stores, n: int, tmp: Path) -> dict:
 
 def warmup(bootstrap: str, encoder, experiment, stores, n: int, tmp: Path) -> dict:
     kafka = _topic(bootstrap)
-    origin = Replica("origin", kafka, encoder, experiment, tmp, share=True)
+    origin = Replica("origin", kafka, encoder, experiment, tmp, shared=True)
     try:
         for i in range(n):  # past the stored questions, the same ones again in further namespaces
             text, intent = stores[i % len(stores)]
@@ -165,7 +167,7 @@ def warmup(bootstrap: str, encoder, experiment, stores, n: int, tmp: Path) -> di
     finally:
         origin.stop()
     started = time.perf_counter()
-    late = Replica("late", kafka, encoder, experiment, tmp, share=True)
+    late = Replica("late", kafka, encoder, experiment, tmp, shared=True)
     seconds = time.perf_counter() - started
     try:
         stats = late.follower.stats()
