@@ -139,13 +139,14 @@ class OnlineClusters:
         """Cluster id for ``vec``; with ``update`` the centroid moves toward it and the
         vector joins the retrain sample (a retrain may start)."""
         vec = np.asarray(vec, dtype=np.float32).reshape(-1)
-        opened = False
+        opened_at_ms = None
         with self._lock:
             if update:
                 self._sample(vec)
             row, sim = self._nearest(vec)
             if row < 0 or (sim < self.radius and len(self) < self.max_clusters):
-                cluster, opened = self._open(vec), True
+                cluster = self._open(vec)
+                opened_at_ms = self._opened_at_ms[cluster]  # read here: an adoption may drop it later
             else:
                 cluster = self._ids[row]
                 if update:
@@ -153,8 +154,8 @@ class OnlineClusters:
             due = update and self._seen >= self._next_retrain
             if due:
                 self._next_retrain = int(self._seen * self.retrain_growth) + 1
-        if opened and self.listener is not None:
-            self.listener.cluster_opened(cluster, vec, self._opened_at_ms[cluster])
+        if opened_at_ms is not None and self.listener is not None:
+            self.listener.cluster_opened(cluster, vec, opened_at_ms)
         if due:
             self._start_retrain()
         return cluster
