@@ -689,10 +689,10 @@ class SemanticCache:
             entry = self._new_entry(req, arm, query, answer, namespace, scope, ttl_s, now,
                                     provenance_source, provenance_version)
             result = self._admit(partition, entry, result, now)
-        if self.journal is not None and result.stored:
-            self.journal.sync()  # acknowledged = durable: fsync before the caller hears "stored"
-        if self.entry_feed is not None and result.stored:
-            self.entry_feed.stored(partition.key, entry)
+        if result.stored:
+            self.sync_journal()  # acknowledged = durable: fsync before the caller hears "stored"
+            if self.entry_feed is not None:
+                self.entry_feed.stored(partition.key, entry)
         return result
 
     def clear_namespace(self, namespace: str) -> int:
@@ -744,12 +744,8 @@ class SemanticCache:
     def apply_replicated_clear(self, namespace: str, cleared_at: float) -> int:
         """Remove the entries of ``namespace`` created before ``cleared_at`` (a clear made on
         another replica; what was stored after it survives). Returns how many."""
-        removed = 0
-        for partition in [p for p in self.partitions() if p.key[0] == namespace]:
-            with partition.lock:
-                for entry_id in [e.entry_id for e in partition.entries.values() if e.created_at < cleared_at]:
-                    partition.remove(entry_id)
-                    removed += 1
+        removed = self._remove_where(lambda e: e.created_at < cleared_at,
+                                     [p for p in self.partitions() if p.key[0] == namespace])
         self.sync_journal()
         return removed
 
@@ -786,13 +782,19 @@ class SemanticCache:
 
     def drop_expired(self) -> int:
         """Remove entries that are no longer alive (after a restore); returns how many."""
-        now, dropped = self.clock(), 0
-        for partition in self.partitions():
+        now = self.clock()
+        return self._remove_where(lambda e: not e.alive(now), self.partitions())
+
+    @staticmethod
+    def _remove_where(matches: Callable[[CacheEntry], bool], partitions: list[Partition]) -> int:
+        """Remove the entries of ``partitions`` that ``matches``; returns how many."""
+        removed = 0
+        for partition in partitions:
             with partition.lock:
-                for entry_id in [e.entry_id for e in partition.entries.values() if not e.alive(now)]:
+                for entry_id in [e.entry_id for e in partition.entries.values() if matches(e)]:
                     partition.remove(entry_id)
-                    dropped += 1
-        return dropped
+                    removed += 1
+        return removed
 
     def _partition_by_key(self, key: tuple[str, str, str]) -> Partition:
         """The partition for a persisted key; its layout follows the experiment in force

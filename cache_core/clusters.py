@@ -214,12 +214,8 @@ class OnlineClusters:
             # Opened after the model's sample was taken: it cannot know them, so they stay.
             late = [row for row, cid in enumerate(self._ids)
                     if cid not in known and self._opened_at_ms.get(cid, -1) > model.trained_at_ms]
-            counts = np.asarray(model.counts, dtype=np.float32)
             self._opened_at_ms = {self._ids[row]: self._opened_at_ms[self._ids[row]] for row in late}
-            self._ids = list(model.ids) + [self._ids[row] for row in late]
-            self._centroids = np.vstack([centroids] + [self._centroids[row][None] for row in late])
-            self._sums = np.vstack([centroids * counts[:, None]] + [self._sums[row][None] for row in late])
-            self._counts = [int(c) for c in model.counts] + [self._counts[row] for row in late]
+            self._replace(model.ids, centroids, model.counts, late)
             self.generation, self.model_origin = model.generation, model.origin
             return True
 
@@ -340,12 +336,16 @@ class OnlineClusters:
                  old_ids: list[int]) -> None:
         ids = [self._fresh_id() if i is None else i for i in new_ids]
         # Clusters opened online while k-means ran are kept as they are.
-        late = [row for row, cid in enumerate(self._ids) if cid not in old_ids]
-        counts_f = counts.astype(np.float32)
-        self._ids = ids + [self._ids[row] for row in late]
-        self._centroids = np.vstack([centroids] + [self._centroids[row][None] for row in late])
-        self._sums = np.vstack([centroids * counts_f[:, None]] + [self._sums[row][None] for row in late])
-        self._counts = [int(c) for c in counts] + [self._counts[row] for row in late]
+        self._replace(ids, centroids, counts, [row for row, cid in enumerate(self._ids) if cid not in old_ids])
+
+    def _replace(self, ids: list[int], centroids: np.ndarray, counts, keep: list[int]) -> None:
+        """Install ``ids`` / ``centroids`` / ``counts`` (a retrained or adopted model), followed by
+        the current clusters at rows ``keep`` as they are."""
+        counts_f = np.asarray(counts, dtype=np.float32)
+        self._ids = list(ids) + [self._ids[row] for row in keep]
+        self._centroids = np.vstack([centroids] + [self._centroids[row][None] for row in keep])
+        self._sums = np.vstack([centroids * counts_f[:, None]] + [self._sums[row][None] for row in keep])
+        self._counts = [int(c) for c in counts] + [self._counts[row] for row in keep]
 
     def _fresh_id(self) -> int:
         if self.fleet_ids:  # unique across replicas without asking any of them

@@ -66,7 +66,7 @@ class EntryFeed:
 
     def __init__(self, publisher, instance_id: str, model: str):
         if not instance_id:
-            raise ValueError("replication needs an instance id (it skips its own changes by it)")
+            raise ValueError("replication needs an instance id (it tells its own changes apart by it)")
         self.publisher = publisher
         self.instance_id = instance_id
         self.model = model
