@@ -25,7 +25,7 @@ from pathlib import Path
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from cache_core.events import CacheEvent, EntryMessage, FeedbackEvent
+from cache_core.events import ENTRY_MESSAGE_MAX_BYTES, CacheEvent, EntryMessage, FeedbackEvent
 from cache_core.settings import KafkaSettings
 from cache_core.spool import Record, Spool
 from infra.runtime import port_open
@@ -33,7 +33,6 @@ from infra.runtime import port_open
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-MAX_REQUEST_BYTES = 8 * MIB  # the entries topic's max.message.bytes (infra/kafka/topics.py)
 _HEARTBEAT = object()
 """Queue marker: expanded into one heartbeat per events partition at send time."""
 
@@ -313,7 +312,7 @@ class EventPublisher:
                 request_timeout_ms=max(1000, timeout_ms // 2), delivery_timeout_ms=timeout_ms,
                 max_block_ms=max(1000, timeout_ms // 2), bootstrap_timeout_ms=max(1000, timeout_ms // 2),
                 reconnect_backoff_max_ms=2000, allow_auto_create_topics=False,
-                max_request_size=MAX_REQUEST_BYTES,  # a cluster model on the entries topic
+                max_request_size=ENTRY_MESSAGE_MAX_BYTES,  # a cluster model on the entries topic
             )
         return self._producer
 

@@ -33,6 +33,7 @@ import time
 import kafka.errors as Errors
 from kafka.admin import KafkaAdminClient
 
+from cache_core.events import ENTRY_MESSAGE_MAX_BYTES
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,6 @@ CONTROL_TOPIC_CONFIGS = {
     "min.compaction.lag.ms": "0",
     "delete.retention.ms": str(24 * 3600 * 1000),
 }
-
-
-ENTRIES_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
@@ -65,8 +63,7 @@ def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
                               "replication_factor": kafka.replication_factor,
                               "configs": {"cleanup.policy": "delete",
                                           "retention.ms": str(kafka.entries_retention_ms),
-                                          # a retrained cluster model: up to 1024 x 384 floats
-                                          "max.message.bytes": str(ENTRIES_MAX_MESSAGE_BYTES)}},
+                                          "max.message.bytes": str(ENTRY_MESSAGE_MAX_BYTES)}},
     }
 
 
