@@ -4,7 +4,8 @@ A generated stream with known answers (out-of-order within the allowed lateness,
 events beyond it, duplicates of the at-least-once publisher, feedback after the decision,
 a changed verdict, feedback outside the join bound) must make every row of window_agg,
 late_events and feedback_agg equal a reference computed in plain Python from the same
-events; a job killed mid-stream and restarted from its checkpoint must not double-count.
+events; a job killed mid-stream and restarted from its checkpoint must not double-count, and
+neither may a warehouse that goes away under a running job and comes back.
 """
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ import uuid
 
 import pytest
 
+from cache_core.chclient import connect
 from cache_core.events import CacheEvent, FeedbackEvent
-from infra.runtime import wait_until
+from cache_core.settings import ClickHouseSettings
+from infra.clickhouse.migrate import apply_migrations
+from infra.clickhouse.warehouse import start_warehouse
+from infra.runtime import free_port, wait_until
 from jobs.attribution_job import latest_checkpoint
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import (
@@ -138,3 +143,41 @@ def test_kill_mid_stream_and_restart_from_checkpoint_does_not_double_count(
     _wait_equal("window_agg rows after restart", lambda: warehouse_windows(ch_client, experiment_ids),
                 expected_windows(events, WINDOW_S), second)
     assert _count(ch_client, "events_raw", "request_id", ids) == len(ids)
+
+
+def test_warehouse_outage_mid_stream_loses_and_doubles_nothing(
+        kafka_settings, flink_job_factory, tmp_path):
+    """ClickHouse restarts under a running job (an upgrade, a crash): inserts fail, the job
+    restarts from its checkpoint until the server is back, and every row lands exactly once."""
+    data_dir, port = tmp_path / "outage-warehouse", free_port()
+    warehouse = start_warehouse(data_dir, port=port)
+    ch = ClickHouseSettings(url=warehouse.info["url"], database="scache")
+    try:
+        setup = connect(ch, database="default")
+        apply_migrations(setup, "scache")
+        setup.close()
+        job = flink_job_factory(job_env(kafka_settings, ch))
+        suffix = f"-{uuid.uuid4().hex[:8]}"
+        events = make_events(int(time.time() * 1000) - 60_000, WINDOW_S, n=240, seed=11, suffix=suffix)
+        half, ids = len(events) // 2, [e.request_id for e in events]
+        client = connect(ch)
+        produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, events[:half])
+        wait_until(lambda: _count(client, "events_raw", "request_id", ids[:half]) == half, RESULT_TIMEOUT_S,
+                   "first half in events_raw", proc=job.proc, log_path=job.log_path)
+        client.close()
+
+        warehouse.stop()  # the second half and the window results meet a dead server
+        closing = heartbeats(events[0].ts_ms + (2 * WINDOW_S + 10) * 1000, kafka_settings.events_partitions)
+        produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, events[half:], closing)
+        time.sleep(3 * WINDOW_S)  # windows fire and raw batches flush while it is down
+        assert job.proc.poll() is None, "the job died with the warehouse: " + job.log_path.read_text()[-3000:]
+
+        warehouse = start_warehouse(data_dir, port=port)
+        client = connect(ch)
+        experiment_ids = sorted({e.experiment_id for e in events})
+        _wait_equal("window_agg rows after the outage", lambda: warehouse_windows(client, experiment_ids),
+                    expected_windows(events, WINDOW_S), job)
+        assert _count(client, "events_raw", "request_id", ids) == len(ids)
+        client.close()
+    finally:
+        warehouse.stop()
