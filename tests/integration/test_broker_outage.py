@@ -1,10 +1,12 @@
 """A broker of its own, stopped and restarted on the same data dir and port: the publisher
 spools while it is down and replays in order; the control listener and the entries follower
-reconnect, and entries stored during the outage reach the other replica."""
+reconnect, entries stored during the outage reach the other replica, and the attribution
+job reads on once the broker is back."""
 from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import pytest
 
@@ -18,10 +20,17 @@ from cache_core.replication import EntryFollower, share
 from cache_core.settings import KafkaSettings
 from infra.kafka.broker import start_broker
 from infra.kafka.topics import ensure_topics
+from infra.runtime import wait_until
+from tests.fixtures.flink import FAST_JOB_ENV, job_env
+from tests.integration.attribution_data import (
+    expected_windows, heartbeats, make_events, produce, warehouse_windows,
+)
 from tests.integration.kafka_helpers import consume, wait_for
 from tests.unit.cache_helpers import TableEmbedder, unit_vec
 
 pytestmark = pytest.mark.integration
+
+FLINK_WINDOW_S = int(FAST_JOB_ENV["SCACHE_FLINK__WINDOW_S"])
 
 
 class RestartableBroker:
@@ -158,3 +167,31 @@ def test_entries_stored_while_the_broker_is_down_reach_the_other_replica(broker,
         for _, publisher, follower in replicas:
             follower.stop()
             publisher.close()
+
+
+def test_attribution_job_resumes_after_the_broker_restarts(broker, settings, ch_settings, ch_client,
+                                                           flink_job_factory):
+    """The Flink Kafka source loses its broker mid-stream: once it is back, the job reads on
+    from its offsets, and every window counts each event exactly once."""
+    job = flink_job_factory(job_env(settings, ch_settings))
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    events = make_events(int(time.time() * 1000) - 60_000, FLINK_WINDOW_S, n=180, seed=13, suffix=suffix)
+    half, ids = len(events) // 2, [e.request_id for e in events]
+
+    def raw_count(wanted: list[str]) -> int:
+        return ch_client.query("SELECT count() FROM events_raw FINAL WHERE request_id IN {v:Array(String)}",
+                               parameters={"v": wanted}).result_rows[0][0]
+
+    produce(settings.bootstrap_servers, settings.events_topic, events[:half])
+    wait_until(lambda: raw_count(ids[:half]) == half, 180, "first half in events_raw",
+               proc=job.proc, log_path=job.log_path)
+    broker.stop()
+    time.sleep(10)  # the source's fetches and the checkpoints' offset commits fail meanwhile
+    assert job.proc.poll() is None, "the job died with the broker: " + job.log_path.read_text()[-3000:]
+    broker.restart()
+    closing = heartbeats(events[0].ts_ms + (2 * FLINK_WINDOW_S + 10) * 1000, settings.events_partitions)
+    produce(settings.bootstrap_servers, settings.events_topic, events[half:], closing)
+    experiment_ids = sorted({e.experiment_id for e in events})
+    wait_until(lambda: warehouse_windows(ch_client, experiment_ids) == expected_windows(events, FLINK_WINDOW_S),
+               180, "window_agg after the broker restart", interval_s=1.0, proc=job.proc, log_path=job.log_path)
+    assert raw_count(ids) == len(ids)
