@@ -57,8 +57,9 @@ import numpy as np
 from cache_core.clusters import OnlineClusters
 from cache_core.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
-from cache_core.events import CacheEvent
+from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
+from cache_core.feedback import ServedHit, ServedHits, log_invalidation
 from cache_core.guards import first_conflict
 from cache_core.index import IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
@@ -118,6 +119,8 @@ class CacheEntry:
     protected: bool = False
     """LRU passes over it while alive (near-duplicate tier)."""
     approx_bytes: int = 0
+    wrong_verdicts: int = 0
+    """"wrong" feedback on hits it served (this replica's, not persisted; cache_core.feedback)."""
 
     def expires_at(self) -> float:
         lifetime = self.ttl_s + self.grace_s
@@ -518,7 +521,7 @@ class SemanticCache:
                  default_ttl_s: float | None = None, max_query_chars: int = 4000,
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
-                 event_executor=None, ann_checker=None):
+                 event_executor=None, ann_checker=None, feedback_memory: int = 100_000):
         self.embedder = embedder
         self.event_executor = event_executor or InlineExecutor()
         self.ann_checker = ann_checker
@@ -531,6 +534,11 @@ class SemanticCache:
         self.max_answer_chars = max_answer_chars
         self.emit_query_text = emit_query_text
         self.clusters = OnlineClusters(embedder.dim, radius=cluster_radius)
+        self.served = ServedHits(feedback_memory)
+        """Recent hits by request id, for feedback (``apply_feedback``)."""
+        self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
+        """(experiment, arm, outcome) -> verdicts applied (experiment and arm "" when unknown)."""
+        self._feedback_lock = threading.Lock()
         self._partitions: dict[tuple[str, str, str], Partition] = {}
         self._partitions_lock = threading.Lock()
         self._rng = random.Random(seed)
@@ -621,6 +629,9 @@ class SemanticCache:
                 record.check_future = self.ann_checker.submit(partition, scope, req.vec, outcome.raw)
         pending = self._hand_off(record)
         entry = served.entry if hit else None
+        if entry is not None:
+            self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
+                                                           req.arm_name, entry.entry_id))
         return LookupResult(
             request_id=req.request_id, decision=record.decision, hit=hit,
             answer=entry.answer if entry else None, similarity=record.similarity,
@@ -717,6 +728,50 @@ class SemanticCache:
             self.entry_feed.cleared(namespace, cleared_at)
         return removed
 
+    # -- feedback (cache_core.feedback) --------------------------------------------------
+
+    def apply_feedback(self, request_id: str, verdict: Verdict) -> str:
+        """Count a verdict on a hit served here; at the arm's ``invalidate_after_wrong``
+        "wrong" verdicts the entry is removed here and (with replication) on the other
+        replicas. Returns the outcome (cache_core.feedback.OUTCOMES), also counted per
+        experiment and arm in ``feedback_outcomes``."""
+        hit = self.served.settle(request_id)
+        outcome = "unknown" if hit is None else self._judge(hit, request_id, verdict)
+        counted = (hit.experiment_id, hit.arm, outcome) if hit is not None else ("", "", outcome)
+        with self._feedback_lock:
+            self.feedback_outcomes[counted] = self.feedback_outcomes.get(counted, 0) + 1
+        return outcome
+
+    def _judge(self, hit: ServedHit, request_id: str, verdict: Verdict) -> str:
+        if verdict != "wrong":
+            return "correct"
+        limit = self._invalidate_after(hit)
+        partition = self._partitions.get(hit.key)
+        if partition is None:
+            return "gone"
+        with partition.lock:
+            entry = partition.entries.get(hit.entry_id)
+            if entry is None:
+                return "gone"
+            entry.wrong_verdicts += 1
+            if not limit:
+                return "kept"
+            if entry.wrong_verdicts < limit:
+                return "counted"
+            partition.remove(hit.entry_id)
+        self.sync_journal()
+        log_invalidation(hit, request_id, entry.wrong_verdicts)
+        if self.entry_feed is not None:
+            self.entry_feed.dropped(hit.key, hit.entry_id)
+        return "invalidated"
+
+    def _invalidate_after(self, hit: ServedHit) -> int:
+        """The arm's ``invalidate_after_wrong`` as configured now (1 if the arm is gone)."""
+        try:
+            return self.registry.get(hit.experiment_id).arm(hit.arm).invalidate_after_wrong
+        except (KeyError, UnknownExperiment):
+            return ArmConfig(name="gone").invalidate_after_wrong
+
     # -- replication (cache_core.replication) -------------------------------------------
 
     def apply_replicated(self, key: tuple[str, str, str], entry: CacheEntry) -> str:
@@ -747,6 +802,17 @@ class SemanticCache:
         removed = self._remove_where(lambda e: e.created_at < cleared_at,
                                      [p for p in self.partitions() if p.key[0] == namespace])
         self.sync_journal()
+        return removed
+
+    def apply_replicated_drop(self, key: tuple[str, str, str], entry_id: str) -> bool:
+        """Remove an entry another replica invalidated (False: not here)."""
+        partition = self._partitions.get(key)
+        if partition is None:
+            return False
+        with partition.lock:
+            removed = partition.remove(entry_id) is not None
+        if removed:
+            self.sync_journal()
         return removed
 
     def sync_journal(self) -> None:

@@ -143,9 +143,10 @@ class EntryMessage(BaseModel):
     created before it, on every replica. Cluster changes share one key."""
 
     schema_version: int = SCHEMA_VERSION
-    change: Literal["put", "clear", "cluster", "clusters"]
-    """put: an entry stored; clear: a namespace cleared; cluster: an intent cluster opened
-    (``cluster_id``, centroid in ``embedding``); clusters: a retrained model (``clusters``)."""
+    change: Literal["put", "clear", "drop", "cluster", "clusters"]
+    """put: an entry stored; clear: a namespace cleared; drop: an entry taken out of service by
+    feedback (``entry_id``); cluster: an intent cluster opened (``cluster_id``, centroid in
+    ``embedding``); clusters: a retrained model (``clusters``)."""
     origin: str = Field(min_length=1)
     """Instance id of the replica that made the change."""
     ts_ms: int = Field(default_factory=now_ms)
@@ -160,6 +161,7 @@ class EntryMessage(BaseModel):
     """put: the entry's fields as persisted (``cache_core.persistence.entry_meta``)."""
     embedding: str | None = None
     """put: the L2-normalised embedding; cluster: the centroid (base64 of little-endian float32)."""
+    entry_id: str | None = None
     cluster_id: int | None = None
     clusters: ClusterModelPayload | None = None
 
@@ -169,6 +171,8 @@ class EntryMessage(BaseModel):
             "put": (self.entry is not None and self.embedding and self.experiment_id and self.arm_key
                     and self.namespace, "namespace, experiment_id, arm_key, entry and embedding"),
             "clear": (self.namespace, "a namespace"),
+            "drop": (self.entry_id and self.experiment_id and self.arm_key and self.namespace,
+                     "namespace, experiment_id, arm_key and entry_id"),
             "cluster": (self.cluster_id is not None and self.embedding, "cluster_id and embedding"),
             "clusters": (self.clusters is not None, "clusters"),
         }[self.change]

@@ -98,6 +98,9 @@ class ArmConfig(BaseModel):
     """"cosine": serve the nearest candidate at or above the threshold. "multi": re-rank
     the candidates at or above it by ``multi`` (cache_core.similarity)."""
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
+    invalidate_after_wrong: int = Field(1, ge=0)
+    """Remove an entry once this many of the hits it served got a "wrong" verdict
+    (cache_core.feedback); 0: feedback never removes entries."""
 
     @field_validator("name")
     @classmethod

@@ -2,12 +2,13 @@
 
 No consumer group: every instance must see every record, so none may take partitions
 from another. A follower assigns itself all the topic's partitions, starts where
-``start_offsets`` says (default: the beginning), reads up to the end offsets it found
+``start_offsets`` says (default: the beginning; or the end, ``start_at_end``), reads up to the end offsets it found
 at connect time (``wait_caught_up``), then keeps following. If the broker is down, at
 start or later, it retries with backoff and resumes where it was. Subclasses handle
 the records (``handle``, in topic order per partition) and may act after each polled
 batch (``after_batch``). The control listener (cache_core.control) and the entries
-follower (cache_core.replication) are the two.
+follower (cache_core.replication) replay; the feedback follower (cache_core.feedback)
+starts at the end.
 """
 from __future__ import annotations
 
@@ -81,8 +82,13 @@ class TopicFollower:
         """Called after each poll that returned records (their positions are in ``positions``)."""
 
     def start_offsets(self) -> dict[TopicPartition, int]:
-        """Where to start on the first connect (partitions not named: their beginning)."""
+        """Where to start on the first connect (partitions not named: see ``start_at_end``)."""
         return {}
+
+    def start_at_end(self) -> bool:
+        """Partitions without a start offset begin at their end (only what comes next), not
+        at their beginning (replay first)."""
+        return False
 
     @property
     def positions(self) -> dict[TopicPartition, int]:
@@ -143,6 +149,12 @@ class TopicFollower:
             for tp in tps:
                 if tp in self._positions:
                     consumer.seek(tp, self._positions[tp])  # resume (after a reconnect or a restart)
+                elif self.start_at_end():
+                    consumer.seek_to_end(tp)
+                    # Pinned now, so a reconnect resumes here rather than skipping to a later end.
+                    end = consumer.position(tp, timeout_ms=5000)
+                    if end is not None:
+                        self._positions[tp] = end
                 else:
                     consumer.seek_to_beginning(tp)
             self._targets = consumer.end_offsets(tps)

@@ -13,6 +13,9 @@ topic (``EntryFollower``), applying the others' changes:
 * a clear removes that namespace's entries created before it, so an entry stored on
   another replica after the clear survives, and one stored before it but delivered
   late is dropped.
+* a drop removes one entry that "wrong" feedback took out of service on the replica
+  that served it (cache_core.feedback). It follows the entry's put in the topic: both
+  are keyed by namespace, and the serving replica held the entry before it dropped it.
 
 A replica's own changes come back to it too: normally already applied (counted as
 ``own``), but after a restart without persistence they give it back its own entries.
@@ -58,7 +61,7 @@ log = logging.getLogger(__name__)
 OFFSETS_FILE = "replication-offsets.json"
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
-            "clusters", "own", "other_model", "malformed")
+            "dropped", "clusters", "own", "other_model", "malformed")
 
 
 class EntryFeed:
@@ -77,6 +80,11 @@ class EntryFeed:
             change="put", origin=self.instance_id, ts_ms=int(entry.created_at * 1000), namespace=namespace,
             experiment_id=experiment_id, arm_key=arm_key, model=self.model, entry=entry_meta(entry),
             embedding=encode_vec(entry.embedding)))
+
+    def dropped(self, key: tuple[str, str, str], entry_id: str) -> None:
+        namespace, experiment_id, arm_key = key
+        self.publisher.publish_entry(EntryMessage(change="drop", origin=self.instance_id, namespace=namespace,
+                                                  experiment_id=experiment_id, arm_key=arm_key, entry_id=entry_id))
 
     def cleared(self, namespace: str, cleared_at: float) -> None:
         self.publisher.publish_entry(EntryMessage(change="clear", origin=self.instance_id,
@@ -184,6 +192,10 @@ class EntryFollower(TopicFollower):
             # Also our own: it removes the other replicas' older entries that arrived after the local clear.
             self.cache.apply_replicated_clear(message.namespace, cleared_at)
             return "own" if own else "clears"
+        if message.change == "drop":  # an entry feedback took out of service (cache_core.feedback)
+            removed = self.cache.apply_replicated_drop(
+                (message.namespace, message.experiment_id, message.arm_key), message.entry_id)
+            return "own" if own else ("dropped" if removed else "duplicate")
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
 

@@ -98,6 +98,9 @@ class CacheSettings(_Documented):
     """Share stored entries, namespace clears and intent clusters with the other replicas through the
     entries topic, and apply theirs (a new replica warms up from the topic); off: this instance's entries
     and cluster ids are its own."""
+    feedback_memory: int = Field(100_000, ge=0)
+    """Most recent hits remembered by request id, so a "wrong" verdict on one can remove the entry
+    that served it (the arm's invalidate_after_wrong); 0: verdicts never remove entries."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)

@@ -3,7 +3,8 @@
 Loads the model once, restores the cache from settings.cache.snapshot_dir
 (write-ahead log + snapshots; one directory per instance), starts the event
 publisher (with heartbeats), the control-topic listener and (settings.cache.replicate)
-the entries follower that shares entries between replicas, serves HTTP with
+the entries follower that shares entries between replicas, the feedback follower
+(a "wrong" verdict taken by any replica removes the entry that served it), serves HTTP with
 uvicorn on settings.service.host/port, and on SIGTERM/SIGINT stops listening,
 writes a final snapshot, then flushes and closes the publisher.
 """
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.control import ControlListener
     from cache_core.embedder import EmbedderError, load_embedder
+    from cache_core.feedback import FeedbackFollower
     from cache_core.index import set_search_threads
     from cache_core.persistence import Persistence, PersistenceError
     from cache_core.publisher import EventPublisher
@@ -98,6 +100,9 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         app.state.followers["control"] = listener[0]  # /readyz: not before the live config is known
         if app.state.entry_follower is not None:  # entries the other replicas store
             listener.append(app.state.entry_follower.start())
+        if settings.cache.feedback_memory:  # verdicts other replicas took on hits served here
+            app.state.feedback_follower = FeedbackFollower(settings.kafka, app.state.cache).start()
+            listener.append(app.state.feedback_follower)
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,
                                                   "port": settings.service.port,

@@ -81,7 +81,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
         default_ttl_s=settings.cache.default_ttl_s, max_query_chars=settings.cache.max_query_chars,
         max_answer_chars=settings.cache.max_answer_chars,
         emit_query_text=settings.cache.emit_query_text, event_executor=event_executor,
-        ann_checker=ann_checker,
+        ann_checker=ann_checker, feedback_memory=settings.cache.feedback_memory,
     )
     if persistence is not None:
         persistence.open(cache)
@@ -120,6 +120,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     app.state.metrics, app.state.publisher = metrics, publisher
     app.state.persistence, app.state.settings = persistence, settings
     app.state.entry_follower = follower
+    app.state.feedback_follower = None  # set by the caller that starts one (cache_core.feedback)
     # Topic followers /readyz waits for, by name (the caller adds the control listener it starts).
     app.state.followers = {"entries": follower} if follower else {}
     _add_error_handlers(app)
@@ -190,7 +191,9 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
             log.exception("publish_feedback failed", extra={"request_id": body.request_id})
             return JSONResponse(status_code=503, content={"detail": "feedback could not be queued"})
         metrics.feedback.labels(body.verdict).inc()
-        return {"accepted": True, "request_id": body.request_id}
+        # A hit served here is settled now; the others' hits through their feedback followers.
+        outcome = cache.apply_feedback(body.request_id, body.verdict)
+        return {"accepted": True, "request_id": body.request_id, "outcome": outcome}
 
     @app.get("/readyz")
     def readyz() -> JSONResponse:
@@ -212,7 +215,10 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
                 "publisher": publisher.stats(),
                 "entries": sum(len(p) for p in cache.partitions()),
                 "persistence": persistence.metrics() if persistence else None,
-                "replication": app.state.entry_follower.stats() if app.state.entry_follower else None}
+                "replication": app.state.entry_follower.stats() if app.state.entry_follower else None,
+                "feedback": {"remembered_hits": len(cache.served),
+                             "follower": app.state.feedback_follower.stats()
+                             if app.state.feedback_follower else None}}
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:

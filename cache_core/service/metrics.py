@@ -100,6 +100,11 @@ class _ScrapeTimeGauges:
                 gauge.add_metric([], float(value))
                 yield gauge
         yield from self._replication()
+        applied = CounterMetricFamily("scache_feedback_applied", "Verdicts applied to the hits this replica "
+                                      "served, by outcome (cache_core.feedback)", labels=["experiment", "arm", "outcome"])
+        for (experiment, arm, outcome), count in sorted(self.cache.feedback_outcomes.items()):
+            applied.add_metric([experiment, arm, outcome], float(count))
+        yield applied
 
     def _replication(self):
         """Entry messages from the other replicas, by outcome (nothing when not replicating)."""

@@ -7,7 +7,9 @@ import pytest
 import yaml
 
 from cache_core.cache import SemanticCache
+from cache_core.events import FeedbackEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
+from cache_core.feedback import FeedbackFollower
 from cache_core.persistence import Persistence
 from cache_core.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
@@ -94,6 +96,35 @@ def test_a_clear_on_one_replica_clears_the_others(replicas):
     assert not one.cache.lookup(QUESTION, unit, namespace="tenant-x").hit
 
 
+def test_a_wrong_verdict_taken_by_another_replica_removes_the_entry_everywhere(replicas, kafka_settings):
+    """Behind a load balancer the feedback reaches another replica than the one that served the
+    hit: the verdict travels the feedback topic to the serving replica, which drops the entry,
+    and the drop travels the entries topic to the rest."""
+    one, two = replicas("one"), replicas("two")
+    followers = [FeedbackFollower(kafka_settings, r.cache).start() for r in (one, two)]
+    try:
+        assert all(f.wait_caught_up(30) for f in followers)
+        unit = unit_in("a")
+        one.cache.store(QUESTION, "Card > PIN.", unit)
+        one.cache.store("How do I close my account?", "Settings > Close.", unit)
+        wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
+        served = two.cache.lookup(PARAPHRASE, unit)
+        assert served.hit
+
+        # Replica one takes the verdict: not its hit, so it only publishes it.
+        assert one.cache.apply_feedback(served.request_id, "wrong") == "unknown"
+        one.publisher.publish_feedback(FeedbackEvent(request_id=served.request_id, verdict="wrong"))
+        wait_for(lambda: followers[1].stats()["invalidated"] == 1, 30, "replica two invalidating its hit's entry")
+        assert not two.cache.lookup(PARAPHRASE, unit).hit
+        wait_for(lambda: one.entries() == 1, 30, "the drop reaching replica one")
+        assert not one.cache.lookup(PARAPHRASE, unit).hit
+        assert one.cache.lookup("How do I close my account?", unit).hit
+        assert followers[0].stats()["unknown"] >= 1 and followers[0].stats()["invalidated"] == 0
+    finally:
+        for follower in followers:
+            follower.stop()
+
+
 def test_a_restarted_replica_resumes_from_its_offsets(replicas, kafka_settings, minilm_embedder, tmp_path):
     one, two = replicas("one"), replicas("two", persist=True)
     unit = unit_in("a")
@@ -134,3 +165,11 @@ def test_two_service_processes_share_entries(kafka_settings, cache_service_facto
     assert 'scache_replication_messages_total{outcome="applied"} 1.0' in second.get("/metrics").text
     assert first.get("/healthz").json()["replication"]["applied"] == 0  # its own entry came back as own
     assert second.get("/readyz").json() == {"ready": True}  # control and entries topics replayed
+
+    # The verdict on the second's hit is posted to the first: the entry leaves both.
+    verdict = first.post("/v1/feedback", json={"request_id": lookup["request_id"], "verdict": "wrong"})
+    assert verdict.status_code == 202 and verdict.json()["outcome"] == "unknown"
+    wait_for(lambda: second.get("/healthz").json()["feedback"]["follower"]["invalidated"] == 1, 30,
+             "the second service invalidating the entry that served its hit")
+    wait_for(lambda: first.get("/healthz").json()["entries"] == 0, 30, "the drop reaching the first service")
+    assert not first.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]

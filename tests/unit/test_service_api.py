@@ -40,8 +40,23 @@ def test_store_then_paraphrase_hits_and_event_is_published(api):
 
 def test_feedback_is_published(api):
     response = api.post("/v1/feedback", json={"request_id": "abc", "verdict": "wrong"})
-    assert response.status_code == 202
+    assert response.status_code == 202 and response.json()["outcome"] == "unknown"
     assert api.publisher.feedback[-1].verdict == "wrong"
+
+
+def test_a_wrong_verdict_on_a_hit_served_here_removes_its_entry(api):
+    api.post("/v1/store", json={"query": "How do I reset my password?", "answer": "Use the reset link.",
+                                "unit_id": "user-1"})
+    hit = api.post("/v1/lookup", json={"query": "how can I reset my password", "unit_id": "user-1"}).json()
+    assert hit["hit"]
+    verdict = api.post("/v1/feedback", json={"request_id": hit["request_id"], "verdict": "wrong"})
+    assert verdict.status_code == 202 and verdict.json()["outcome"] == "invalidated"
+    assert not api.post("/v1/lookup", json={"query": "how can I reset my password", "unit_id": "user-1"}).json()["hit"]
+    assert api.publisher.feedback[-1].request_id == hit["request_id"]  # the warehouse still gets it
+    text = api.get("/metrics").text
+    assert (f'scache_feedback_applied_total{{arm="{hit["arm"]}",experiment="threshold-ab",outcome="invalidated"}} 1.0'
+            in text), text
+    assert api.get("/healthz").json()["feedback"]["remembered_hits"] == 0
 
 
 def test_metrics_and_experiments_and_health(api):
