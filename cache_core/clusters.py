@@ -27,6 +27,25 @@ generation + 1, and when two replicas retrain at once every replica keeps the sa
 one. Adopting a model keeps the clusters it cannot know (opened after its sample was
 taken) and drops those it retired. Centroids still move with each replica's own
 traffic between retrains; the ids do not.
+
+Concurrent opens. An intent first seen on two replicas within the replication lag
+gets a cluster on each, under two ids. So every open (own and adopted) is remembered
+for a while (opening vector, time, origin), and two opens from different origins at
+most ``concurrent_open_window_ms`` apart whose opening vectors are within ``radius``
+are one intent: the one with the smaller (opened_at_ms, id) survives, the other is
+folded into it (or, arriving, not added), on every replica alike, since each decides
+from the same two messages. Opens join transitively (a loser's open is remembered
+too), so while they are remembered the outcome does not depend on the order they
+arrive in. A local query that would open a cluster within reach of such a concurrent
+open joins it instead. Merged ids (loser -> survivor, ``merged_ids``) are logged,
+later opens of a loser are ignored, and a model naming a loser is read as naming its
+survivor. An open delivered more than ``OPEN_MEMORY_MS`` behind the newest one (a long
+outage) is no longer matched; the retrain merge below catches the pair once the two
+centroids agree that closely.
+
+Retrain merge. Before k-means, old centroids at least ``merge_above`` alike are merged
+(survivor: the larger count, then the smaller id), so k shrinks when two clusters have
+drifted into one (also on a single instance); the merged-away ids count as retired.
 """
 from __future__ import annotations
 
@@ -40,11 +59,16 @@ import faiss
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from cache_core.persistence import decode_vec, encode_vec
+
 log = logging.getLogger(__name__)
 
 MIN_POINTS_PER_CLUSTER = 5
 FLEET_ID_MIN = 1_000_000
 FLEET_ID_MAX = 2**31 - 1
+OPEN_MEMORY_MS = 10 * 60_000  # opens remembered for the concurrent-open merge, behind the newest one
+OPENS_MAX = 512  # ... and at most this many (1.5 KB each at 384 dims)
+MERGED_MAX = 1024  # loser -> survivor pairs kept
 
 
 @dataclass
@@ -72,6 +96,17 @@ class RetrainReport:
     retired_ids: int
     mean_match_similarity: float
     seconds: float
+    merged_ids: int = 0
+    """Old ids merged into another before k-means (counted in ``retired_ids`` too)."""
+
+
+@dataclass
+class _Open:
+    """A cluster open as every replica sees it: what the concurrent-open merge compares."""
+
+    vec: np.ndarray
+    at_ms: int
+    origin: str
 
 
 def _unit_rows(mat: np.ndarray) -> np.ndarray:
@@ -85,7 +120,9 @@ class OnlineClusters:
     def __init__(self, dim: int, radius: float = 0.55, max_clusters: int = 1024, *,
                  retrain_min: int = 2000, retrain_growth: float = 2.0,
                  reservoir_size: int = 20_000, min_match: float = 0.5, k: int | None = None,
-                 background: bool = True, seed: int = 0):
+                 background: bool = True, seed: int = 0, concurrent_open_window_ms: int = 2000,
+                 # banking77/MiniLM: same-intent half centroids cos >= 0.913 (median 0.991), different intents <= 0.897
+                 merge_above: float = 0.92):
         self.dim = dim
         self.radius = radius
         self.max_clusters = max_clusters
@@ -95,6 +132,8 @@ class OnlineClusters:
         self.k = k
         self.background = background
         self.seed = seed
+        self.concurrent_open_window_ms = concurrent_open_window_ms
+        self.merge_above = merge_above
         self._ids: list[int] = []
         self._centroids = np.zeros((0, dim), dtype=np.float32)
         self._sums = np.zeros((0, dim), dtype=np.float32)
@@ -116,6 +155,8 @@ class OnlineClusters:
         self.generation = 0
         self.model_origin = ""
         self._opened_at_ms: dict[int, int] = {}  # opened or adopted since the last model
+        self._opens: dict[int, _Open] = {}  # recent opens with an origin (see "Concurrent opens")
+        self._merged: dict[int, int] = {}  # loser -> survivor, oldest first
         self._id_rng = random.SystemRandom()
 
     def __len__(self) -> int:
@@ -128,6 +169,12 @@ class OnlineClusters:
     def ids(self) -> list[int]:
         with self._lock:
             return list(self._ids)
+
+    @property
+    def merged_ids(self) -> dict[int, int]:
+        """Cluster ids merged into another (loser -> survivor), the latest ``MERGED_MAX``."""
+        with self._lock:
+            return dict(self._merged)
 
     def nearest(self, vec: np.ndarray) -> tuple[int, float]:
         """(cluster id, similarity) without updating; (-1, -1.0) when there are none."""
@@ -145,12 +192,13 @@ class OnlineClusters:
                 self._sample(vec)
             row, sim = self._nearest(vec)
             if row < 0 or (sim < self.radius and len(self) < self.max_clusters):
-                cluster = self._open(vec)
-                opened_at_ms = self._opened_at_ms[cluster]  # read here: an adoption may drop it later
+                # opened_at_ms is read here: an adoption may drop the cluster later.
+                cluster, opened_at_ms = self._open(vec)
+                row = -1 if opened_at_ms is not None else self._ids.index(cluster)
             else:
                 cluster = self._ids[row]
-                if update:
-                    self._move(row, vec)
+            if update and row >= 0:
+                self._move(row, vec)
             due = update and self._seen >= self._next_retrain
             if due:
                 self._next_retrain = int(self._seen * self.retrain_growth) + 1
@@ -166,19 +214,24 @@ class OnlineClusters:
             with self._lock:
                 sampled_at_ms = int(time.time() * 1000)
                 sample = self._reservoir[:self._filled].copy()
-                old_ids, old_centroids = list(self._ids), self._centroids.copy()
-            k = self.k or len(old_ids)
+                old_ids, old_centroids, old_counts = list(self._ids), self._centroids.copy(), list(self._counts)
+            started = time.perf_counter()
+            kept_ids, kept_centroids, kept_counts, merges = self._merge_close(old_ids, old_centroids, old_counts)
+            k = self.k or len(kept_ids)
             k = min(k, len(sample) // MIN_POINTS_PER_CLUSTER, self.max_clusters)
             if k < 2:
                 return None
-            started = time.perf_counter()
             # Warm start from the current centroids (the k largest when k is capped):
             # k-means then refines the clusters rather than redrawing them, so far
             # more of them survive the match under their old ids.
-            centroids, counts = self._kmeans(sample, k, self._warm_start(old_centroids, k))
-            new_ids, report = self._match(centroids, old_ids, old_centroids)
+            centroids, counts = self._kmeans(sample, k, self._warm_start(kept_centroids, kept_counts, k))
+            new_ids, report = self._match(centroids, kept_ids, kept_centroids)
+            report.merged_ids = len(merges)
+            report.retired_ids += len(merges)
             with self._lock:
                 self._install(centroids, counts, new_ids, old_ids)
+                for loser, survivor in merges:
+                    self._note_merge(loser, survivor, "retrain")
                 self.generation, self.model_origin = self.generation + 1, self.origin
                 self._opened_at_ms = {c: t for c, t in self._opened_at_ms.items() if t > sampled_at_ms}
                 model = ClusterModel(self.generation, self.origin, sampled_at_ms, list(self._ids),
@@ -192,15 +245,15 @@ class OnlineClusters:
 
     # -- sharing one model across replicas ----------------------------------------------
 
-    def adopt_open(self, cluster_id: int, vec: np.ndarray, opened_at_ms: int) -> bool:
-        """Take in a cluster another replica opened (False: known already, or no room)."""
+    def adopt_open(self, cluster_id: int, vec: np.ndarray, opened_at_ms: int, *, origin: str = "") -> bool:
+        """Take in a cluster replica ``origin`` opened (False: known already, merged into a
+        concurrent open of the same intent, or no room). Without an origin it is never merged."""
         vec = _unit_rows(np.asarray(vec, dtype=np.float32).reshape(1, -1))[0]
         with self._lock:
-            if cluster_id in self._ids or len(self) >= self.max_clusters:
+            if (cluster_id in self._ids or cluster_id in self._merged or cluster_id in self._opens
+                    or len(self) >= self.max_clusters):
                 return False
-            self._append(cluster_id, vec)
-            self._opened_at_ms[cluster_id] = opened_at_ms
-            return True
+            return self._admit(cluster_id, vec, opened_at_ms, origin, local=False) == cluster_id
 
     def adopt_model(self, model: ClusterModel) -> bool:
         """Take in another replica's retrained model if it orders after the one in use."""
@@ -210,12 +263,15 @@ class OnlineClusters:
         with self._lock:
             if model.order() <= (self.generation, self.model_origin):
                 return False
-            known = set(model.ids)
+            # A model trained before a merge reached its replica names the loser: read the survivor.
+            ids, centroids, counts = self._combine([self._resolve(cid) for cid in model.ids], centroids,
+                                                   model.counts)
+            known = set(ids)
             # Opened after the model's sample was taken: it cannot know them, so they stay.
             late = [row for row, cid in enumerate(self._ids)
                     if cid not in known and self._opened_at_ms.get(cid, -1) > model.trained_at_ms]
             self._opened_at_ms = {self._ids[row]: self._opened_at_ms[self._ids[row]] for row in late}
-            self._replace(model.ids, centroids, model.counts, late)
+            self._replace(ids, centroids, counts, late)
             self.generation, self.model_origin = model.generation, model.origin
             return True
 
@@ -227,7 +283,9 @@ class OnlineClusters:
             return {"ids": list(self._ids), "centroids": self._centroids.copy(),
                     "counts": list(self._counts), "next_id": self._next_id, "seen": self._seen,
                     "next_retrain": self._next_retrain, "generation": self.generation,
-                    "model_origin": self.model_origin}
+                    "model_origin": self.model_origin,
+                    "opens": [[cid, o.at_ms, o.origin, encode_vec(o.vec)] for cid, o in self._opens.items()],
+                    "merged_ids": [[loser, survivor] for loser, survivor in self._merged.items()]}
 
     def load_state(self, state: dict) -> None:
         centroids = np.asarray(state["centroids"], dtype=np.float32).reshape(-1, self.dim)
@@ -241,6 +299,10 @@ class OnlineClusters:
             self._next_retrain = int(state.get("next_retrain", self._next_retrain))
             self.generation = int(state.get("generation", 0))
             self.model_origin = str(state.get("model_origin", ""))
+            # Older snapshots have neither: nothing to merge with, nothing merged.
+            self._opens = {int(cid): _Open(decode_vec(vec), int(at_ms), str(origin))
+                           for cid, at_ms, origin, vec in state.get("opens", [])}
+            self._merged = {int(loser): int(survivor) for loser, survivor in state.get("merged_ids", [])}
 
     # -- internals --------------------------------------------------------------------
 
@@ -251,11 +313,86 @@ class OnlineClusters:
         best = int(np.argmax(sims))
         return best, float(sims[best])
 
-    def _open(self, vec: np.ndarray) -> int:
-        cluster = self._fresh_id()
-        self._append(cluster, vec)
-        self._opened_at_ms[cluster] = int(time.time() * 1000)
+    def _open(self, vec: np.ndarray) -> tuple[int, int | None]:
+        """(new cluster, its open time), or (an existing cluster, None) when ``vec`` is the intent
+        of a concurrent open from another replica already here."""
+        cluster, at_ms = self._fresh_id(), int(time.time() * 1000)
+        survivor = self._admit(cluster, vec, at_ms, self.origin, local=True)
+        return (cluster, at_ms) if survivor == cluster else (survivor, None)
+
+    # -- concurrent opens (see the module docstring) ------------------------------------
+
+    def _admit(self, cluster: int, vec: np.ndarray, at_ms: int, origin: str, *, local: bool) -> int:
+        """Open ``cluster`` unless a concurrent open of the same intent orders before it;
+        fold the ones it orders before into it. Returns the survivor."""
+        rivals = {self._resolve(c) for c in self._concurrent(vec, at_ms, origin)}
+
+        def order(cid: int) -> tuple[int, int]:  # a forgotten open is older than any remembered
+            return (at_ms if cid == cluster else self._opens[cid].at_ms if cid in self._opens else -1), cid
+
+        survivor = min(rivals | {cluster}, key=order)
+        present = set(self._ids)
+        if local and survivor != cluster:
+            if survivor in present:
+                return survivor  # not opened: never published, nothing to remember
+            survivor, rivals = cluster, set()  # its rival was retired meanwhile: open as usual
+        if origin:
+            self._remember(cluster, vec, at_ms, origin)  # a loser too: it may link later opens
+        if survivor == cluster:
+            self._append(cluster, vec)
+            self._opened_at_ms[cluster] = at_ms
+        else:
+            self._note_merge(cluster, survivor, "concurrent_open")
+        if survivor in self._ids:
+            for rival in sorted(rivals - {survivor}):
+                if rival in present:
+                    self._fold(rival, survivor)
+                    self._note_merge(rival, survivor, "concurrent_open")
+        return survivor
+
+    def _concurrent(self, vec: np.ndarray, at_ms: int, origin: str) -> list[int]:
+        """Remembered opens from other replicas that are ``vec``'s intent, opened around ``at_ms``."""
+        if not origin:
+            return []
+        return [cid for cid, o in self._opens.items()
+                if o.origin != origin and abs(o.at_ms - at_ms) <= self.concurrent_open_window_ms
+                and float(o.vec @ vec) >= self.radius]
+
+    def _remember(self, cluster: int, vec: np.ndarray, at_ms: int, origin: str) -> None:
+        self._opens[cluster] = _Open(np.array(vec, dtype=np.float32), at_ms, origin)
+        horizon = max(o.at_ms for o in self._opens.values()) - OPEN_MEMORY_MS
+        keep = {cid for _, cid in sorted((o.at_ms, cid) for cid, o in self._opens.items()
+                                         if o.at_ms >= horizon)[-OPENS_MAX:]}
+        if len(keep) < len(self._opens):
+            self._opens = {cid: o for cid, o in self._opens.items() if cid in keep}
+
+    def _resolve(self, cluster: int) -> int:
+        for _ in range(len(self._merged)):  # bounded: a chain is never longer than the map
+            if cluster not in self._merged:
+                break
+            cluster = self._merged[cluster]
         return cluster
+
+    def _note_merge(self, loser: int, survivor: int, reason: str) -> None:
+        self._merged[loser] = survivor
+        while len(self._merged) > MERGED_MAX:
+            del self._merged[next(iter(self._merged))]
+        log.info("intent clusters merged", extra={"loser": loser, "survivor": survivor, "reason": reason,
+                                                  "origin": self.origin})
+
+    def _fold(self, loser: int, survivor: int) -> None:
+        """Add cluster ``loser``'s counts and sums to ``survivor``'s and drop it."""
+        row, into = self._ids.index(loser), self._ids.index(survivor)
+        self._sums[into] += self._sums[row]
+        self._counts[into] += self._counts[row]
+        norm = np.linalg.norm(self._sums[into])
+        if norm > 0:
+            self._centroids[into] = self._sums[into] / norm
+        keep = [r for r in range(len(self._ids)) if r != row]
+        self._ids = [self._ids[r] for r in keep]
+        self._centroids, self._sums = self._centroids[keep], self._sums[keep]
+        self._counts = [self._counts[r] for r in keep]
+        self._opened_at_ms.pop(loser, None)
 
     def _append(self, cluster: int, vec: np.ndarray) -> None:
         self._ids.append(cluster)
@@ -296,12 +433,51 @@ class OnlineClusters:
         except Exception:  # the online assignment keeps working either way
             log.exception("intent cluster retrain failed")
 
-    def _warm_start(self, old_centroids: np.ndarray, k: int) -> np.ndarray | None:
+    @staticmethod
+    def _warm_start(old_centroids: np.ndarray, counts: list[int], k: int) -> np.ndarray | None:
         if len(old_centroids) < k:
             return None
-        with self._lock:
-            counts = np.asarray(self._counts[:len(old_centroids)])
-        return np.ascontiguousarray(old_centroids[np.argsort(-counts, kind="stable")[:k]])
+        return np.ascontiguousarray(old_centroids[np.argsort(-np.asarray(counts), kind="stable")[:k]])
+
+    def _merge_close(self, ids: list[int], centroids: np.ndarray, counts: list[int]):
+        """Merge the clusters whose centroids are at least ``merge_above`` alike (transitively):
+        (ids, centroids, counts) after it, and the (loser, survivor) pairs."""
+        parent = list(range(len(ids)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i, j in zip(*np.nonzero(np.triu(centroids @ centroids.T >= self.merge_above, k=1))):
+            parent[root(int(i))] = root(int(j))
+        groups: dict[int, list[int]] = {}
+        for i in range(len(ids)):
+            groups.setdefault(root(i), []).append(i)
+        survivor, merges = {}, []
+        for group, rows in groups.items():
+            best = ids[min(rows, key=lambda r: (-counts[r], ids[r]))]
+            survivor[group] = best
+            merges += [(ids[r], best) for r in rows if ids[r] != best]
+        merged_ids, merged_centroids, merged_counts = self._combine(
+            [survivor[root(i)] for i in range(len(ids))], centroids, counts)
+        return merged_ids, merged_centroids, merged_counts, merges
+
+    @staticmethod
+    def _combine(ids: list[int], centroids: np.ndarray, counts) -> tuple[list[int], np.ndarray, list[int]]:
+        """Rows sharing an id become one: the count-weighted mean centroid, the summed count
+        (first occurrence's position)."""
+        if len(set(ids)) == len(ids):
+            return list(ids), centroids, [int(c) for c in counts]
+        order = list(dict.fromkeys(ids))
+        at = {cid: n for n, cid in enumerate(order)}
+        sums = np.zeros((len(order), centroids.shape[1]), dtype=np.float32)
+        total = [0] * len(order)
+        for cid, row, count in zip(ids, centroids, counts):
+            sums[at[cid]] += row * max(int(count), 1)
+            total[at[cid]] += int(count)
+        return order, _unit_rows(sums), total
 
     def _kmeans(self, sample: np.ndarray, k: int,
                 init: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -334,9 +510,13 @@ class OnlineClusters:
 
     def _install(self, centroids: np.ndarray, counts: np.ndarray, new_ids: list[int | None],
                  old_ids: list[int]) -> None:
-        ids = [self._fresh_id() if i is None else i for i in new_ids]
+        # An id merged into a concurrent open while k-means ran lives on as its survivor.
+        ids, centroids, counts = self._combine([self._fresh_id() if i is None else self._resolve(i) for i in new_ids],
+                                               centroids, counts)
+        named = set(ids)
         # Clusters opened online while k-means ran are kept as they are.
-        self._replace(ids, centroids, counts, [row for row, cid in enumerate(self._ids) if cid not in old_ids])
+        self._replace(ids, centroids, counts,
+                      [row for row, cid in enumerate(self._ids) if cid not in old_ids and cid not in named])
 
     def _replace(self, ids: list[int], centroids: np.ndarray, counts, keep: list[int]) -> None:
         """Install ``ids`` / ``centroids`` / ``counts`` (a retrained or adopted model), followed by
@@ -349,7 +529,7 @@ class OnlineClusters:
 
     def _fresh_id(self) -> int:
         if self.fleet_ids:  # unique across replicas without asking any of them
-            taken = set(self._ids)
+            taken = set(self._ids) | set(self._merged) | set(self._opens)
             while (cluster := self._id_rng.randint(FLEET_ID_MIN, FLEET_ID_MAX)) in taken:
                 pass
             return cluster

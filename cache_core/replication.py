@@ -24,6 +24,8 @@ Intent clusters are one model across replicas, so that a cluster id (in events, 
 ``cluster_thresholds``) names the same intent on each: cluster ids are drawn unique
 across replicas, and every cluster a replica opens and every model it retrains goes to
 the topic too; the others adopt them (``OnlineClusters.adopt_open`` / ``adopt_model``).
+An intent opened on two replicas within the replication lag is merged into one id, the
+same on both, from the two opens' times, vectors and origins (see cache_core.clusters).
 
 Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
 stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
@@ -224,7 +226,8 @@ class EntryFollower(TopicFollower):
         if message.change == "cluster":
             if vectors.shape != (dim,):
                 return "other_model"
-            return "clusters" if clusters.adopt_open(message.cluster_id, vectors, message.ts_ms) else "duplicate"
+            adopted = clusters.adopt_open(message.cluster_id, vectors, message.ts_ms, origin=message.origin)
+            return "clusters" if adopted else "duplicate"  # duplicate: known, or merged into a concurrent open
         payload, centroids = message.clusters, vectors
         if len(payload.ids) != len(payload.counts) or centroids.size != len(payload.ids) * dim:
             return "malformed"

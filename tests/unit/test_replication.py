@@ -220,6 +220,22 @@ def test_a_cluster_opened_on_one_replica_has_the_same_id_on_the_others():
     assert follower_b.stats()["duplicate"] == 1
 
 
+def test_one_intent_opened_on_two_replicas_before_either_heard_of_it_ends_as_one_id():
+    clock = ManualClock()
+    a, feed_a, follower_a, exp = _replica("a", clock)
+    b, feed_b, follower_b, _ = _replica("b", clock)
+    unit = unit_in_arm(exp, "a")
+    id_a = a.lookup("reset my pin", unit).intent_cluster
+    id_b = b.lookup("pin reset please", unit).intent_cluster  # a paraphrase, before a's open arrived
+    assert id_a != id_b
+    _deliver(feed_b.cluster_values, follower_a)  # the follower passes the message's origin on
+    _deliver(feed_a.cluster_values, follower_b)
+    assert a.clusters.ids() == b.clusters.ids() and len(a.clusters) == 1
+    survivor = a.clusters.ids()[0]
+    assert a.clusters.merged_ids == b.clusters.merged_ids == {({id_a, id_b} - {survivor}).pop(): survivor}
+    assert a.lookup("pin reset please", unit).intent_cluster == b.lookup("reset my pin", unit).intent_cluster
+
+
 def test_every_replica_keeps_the_same_retrained_model_when_two_retrain_at_once():
     dim = 8
     rng = np.random.default_rng(3)
