@@ -537,7 +537,7 @@ class SemanticCache:
         self.served = ServedHits(feedback_memory)
         """Recent hits by request id, for feedback (``apply_feedback``)."""
         self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
-        """(experiment, arm, outcome) -> verdicts applied (experiment and arm "" when unknown)."""
+        """(experiment, arm, outcome) -> verdicts on the hits served here."""
         self._feedback_lock = threading.Lock()
         self._partitions: dict[tuple[str, str, str], Partition] = {}
         self._partitions_lock = threading.Lock()
@@ -733,12 +733,15 @@ class SemanticCache:
     def apply_feedback(self, request_id: str, verdict: Verdict) -> str:
         """Count a verdict on a hit served here; at the arm's ``invalidate_after_wrong``
         "wrong" verdicts the entry is removed here and (with replication) on the other
-        replicas. Returns the outcome (cache_core.feedback.OUTCOMES), also counted per
-        experiment and arm in ``feedback_outcomes``."""
+        replicas. Returns the outcome (cache_core.feedback.OUTCOMES); those of hits served
+        here are counted per experiment and arm in ``feedback_outcomes``. "unknown" is not:
+        every replica sees every verdict, most of them on the others' hits."""
         hit = self.served.settle(request_id)
-        outcome = "unknown" if hit is None else self._judge(hit, request_id, verdict)
-        counted = (hit.experiment_id, hit.arm, outcome) if hit is not None else ("", "", outcome)
+        if hit is None:
+            return "unknown"
+        outcome = self._judge(hit, request_id, verdict)
         with self._feedback_lock:
+            counted = (hit.experiment_id, hit.arm, outcome)
             self.feedback_outcomes[counted] = self.feedback_outcomes.get(counted, 0) + 1
         return outcome
 
