@@ -119,8 +119,8 @@ class CacheEntry:
     protected: bool = False
     """LRU passes over it while alive (near-duplicate tier)."""
     approx_bytes: int = 0
-    wrong_verdicts: int = 0
-    """"wrong" feedback on hits it served (this replica's, not persisted; cache_core.feedback)."""
+    wrong_units: set[str] = field(default_factory=set)
+    """Units whose hits on it got a "wrong" verdict (this replica's, not persisted; cache_core.feedback)."""
 
     def expires_at(self) -> float:
         lifetime = self.ttl_s + self.grace_s
@@ -631,7 +631,7 @@ class SemanticCache:
         entry = served.entry if hit else None
         if entry is not None:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
-                                                           req.arm_name, entry.entry_id))
+                                                           req.arm_name, entry.entry_id, unit_id))
         return LookupResult(
             request_id=req.request_id, decision=record.decision, hit=hit,
             answer=entry.answer if entry else None, similarity=record.similarity,
@@ -756,14 +756,14 @@ class SemanticCache:
             entry = partition.entries.get(hit.entry_id)
             if entry is None:
                 return "gone"
-            entry.wrong_verdicts += 1
+            entry.wrong_units.add(hit.unit_id)
             if not limit:
                 return "kept"
-            if entry.wrong_verdicts < limit:
+            if len(entry.wrong_units) < limit:
                 return "counted"
             partition.remove(hit.entry_id)
         self.sync_journal()
-        log_invalidation(hit, request_id, entry.wrong_verdicts)
+        log_invalidation(hit, request_id, len(entry.wrong_units))
         if self.entry_feed is not None:
             self.entry_feed.dropped(hit.key, hit.entry_id)
         return "invalidated"

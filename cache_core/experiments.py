@@ -99,7 +99,7 @@ class ArmConfig(BaseModel):
     the candidates at or above it by ``multi`` (cache_core.similarity)."""
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
     invalidate_after_wrong: int = Field(1, ge=0)
-    """Remove an entry once this many of the hits it served got a "wrong" verdict
+    """Remove an entry once this many units (users) got a "wrong" verdict on a hit it served
     (cache_core.feedback); 0: feedback never removes entries."""
 
     @field_validator("name")

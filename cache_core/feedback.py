@@ -6,9 +6,11 @@ on being served to every paraphrase until its TTL ran out. Now:
 * the cache remembers, for its most recent hits (``ServedHits``, bounded), which entry
   answered which request;
 * a verdict on one of them is applied (``SemanticCache.apply_feedback``): "wrong" counts
-  against the entry, and at the arm's ``invalidate_after_wrong`` (default 1; 0 turns it
-  off) the entry is removed, logged to the write-ahead log and, with replication, dropped
-  on the other replicas too (an entries-topic "drop");
+  against the entry, once per unit (user), and once ``invalidate_after_wrong`` units
+  (default 1; 0 turns it off) have said so the entry is removed, logged to the write-ahead
+  log and, with replication, dropped on the other replicas too (an entries-topic "drop").
+  Counting units, not verdicts, keeps one user from taking out an entry that a higher
+  setting asks several users to flag;
 * feedback may reach any replica behind a load balancer, not the one that served the
   hit. So the replica that takes ``POST /v1/feedback`` applies it at once if it served
   the request, and every replica follows the feedback topic (``FeedbackFollower``) for
@@ -47,6 +49,8 @@ class ServedHit:
     experiment_id: str
     arm: str
     entry_id: str
+    unit_id: str
+    """Who was served: an entry's "wrong" verdicts count once per unit."""
 
 
 class ServedHits:
@@ -98,7 +102,7 @@ class FeedbackFollower(TopicFollower):
         self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
 
 
-def log_invalidation(hit: ServedHit, request_id: str, wrong: int) -> None:
+def log_invalidation(hit: ServedHit, request_id: str, wrong_units: int) -> None:
     log.info("entry invalidated by feedback", extra={
         "experiment_id": hit.experiment_id, "arm": hit.arm, "namespace": hit.key[0],
-        "entry_id": hit.entry_id, "request_id": request_id, "wrong_verdicts": wrong})
+        "entry_id": hit.entry_id, "request_id": request_id, "wrong_units": wrong_units})

@@ -62,16 +62,17 @@ def test_correct_verdicts_and_misses_keep_the_entry():
     assert cache.lookup(PARAPHRASE, unit).hit
 
 
-def test_the_arm_sets_how_many_wrong_verdicts_remove_an_entry():
+def test_the_arm_sets_how_many_units_must_say_wrong_to_remove_an_entry():
     cache, exp = _cache(ArmConfig(name="a", threshold=0.9, invalidate_after_wrong=2),
                         ArmConfig(name="b", threshold=0.9, invalidate_after_wrong=0))
-    unit_a, unit_b = unit_in_arm(exp, "a"), unit_in_arm(exp, "b")
+    unit_a, other_a, unit_b = unit_in_arm(exp, "a"), unit_in_arm(exp, "a", prefix="v"), unit_in_arm(exp, "b")
     cache.store(STORED, "Card > PIN", unit_a)
     cache.store(STORED, "Card > PIN", unit_b)
 
     assert cache.apply_feedback(_served(cache, unit_a), "wrong") == "counted"
+    assert cache.apply_feedback(_served(cache, unit_a), "wrong") == "counted"  # the same user again
     assert cache.lookup(PARAPHRASE, unit_a).hit
-    assert cache.apply_feedback(_served(cache, unit_a), "wrong") == "invalidated"
+    assert cache.apply_feedback(_served(cache, other_a), "wrong") == "invalidated"
     assert not cache.lookup(PARAPHRASE, unit_a).hit
     # Arm b never lets feedback remove entries, and arm a's verdicts never touched its store.
     for _ in range(3):
