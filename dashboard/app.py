@@ -350,6 +350,24 @@ def change_section(view: View, config) -> None:
         act_and_reload(view, change, reason, what)
     if config.arm(arm).similarity == "multi":
         multi_push_section(view, config, arm)
+    invalidation_push_section(view, config, arm)
+
+
+def invalidation_push_section(view: View, config, arm: str) -> None:
+    """How many users' "wrong" verdicts take an entry of the arm out of service (cache_core.feedback)."""
+    current = config.arm(arm).invalidate_after_wrong
+    st.markdown(f"**Wrong answers in {arm}**: feedback removes an entry once this many users got a "
+                f"\"wrong\" verdict on its answers, on every replica (now {current}; 0: never)")
+    cols = st.columns([1, 2])
+    users = int(anchored_input("Users before removal", "ctl_invalidate_after", (config.experiment_id,
+                               config.version, arm), current, cols[0], min_value=0.0, max_value=1000.0,
+                               step=1.0, format="%.0f"))
+    reason = cols[1].text_input("Reason", key="ctl_invalidate_reason")
+    if st.button(f"Push wrong-answer removal of {arm}", key="ctl_invalidate_push"):
+        moved = f"users before removal {current} → {users}"  # the audit's threshold columns do not move
+        act_and_reload(view, lambda: control.set_invalidate_after(arm, users),
+                       "; ".join([moved, reason.strip()]) if reason.strip() else moved,
+                       f"{arm} removes entries after {users} users' wrong verdicts")
 
 
 def multi_push_section(view: View, config, arm: str) -> None:
@@ -706,9 +724,11 @@ def history_section(view: View, config) -> None:
     previous = control.previous_config(history, config, fallback=file_config)
     if previous is None:
         return
+    now = {a.name: a.invalidate_after_wrong for a in config.arms}
     thresholds = ", ".join(f"{a.name} {a.threshold:.3f}" + (
-        f" floor {a.multi.threshold:.3f} margin {a.multi.answer_margin:.3f}" if a.similarity == "multi" else "")
-        for a in previous.arms)
+        f" floor {a.multi.threshold:.3f} margin {a.multi.answer_margin:.3f}" if a.similarity == "multi" else "") + (
+        f" removal after {a.invalidate_after_wrong}" if now.get(a.name, a.invalidate_after_wrong)
+        != a.invalidate_after_wrong else "") for a in previous.arms)
     if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
         act_and_reload(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
             f"thresholds (and multi settings) of version {previous.version}")

@@ -231,16 +231,17 @@ def rollback_canary(arm: str) -> Change:
 
 
 def restore_thresholds(previous: ExperimentConfig) -> Change:
-    """Thresholds, cluster thresholds and multi settings (score floor, answer margin...) of
-    ``previous`` for every arm both configs have; running canaries end (a rollback returns
-    to a known state, not to an experiment)."""
+    """Thresholds, cluster thresholds, multi settings (score floor, answer margin...) and
+    feedback invalidation of ``previous`` for every arm both configs have; running canaries
+    end (a rollback returns to a known state, not to an experiment)."""
     def change(config: ExperimentConfig) -> ExperimentConfig:
         for arm in config.arms:
             if arm.name in _names(previous):
                 old = previous.arm(arm.name)
                 config = _replace_arm(config, arm.name, threshold=old.threshold,
                                       cluster_thresholds=dict(old.cluster_thresholds), canary=None,
-                                      multi=old.multi.model_dump())
+                                      multi=old.multi.model_dump(),
+                                      invalidate_after_wrong=old.invalidate_after_wrong)
         return config
     return change
 
@@ -278,6 +279,22 @@ def set_multi(arm: str, *, score_floor: float | None = None, answer_margin: floa
             raise ValueError(f"arm {arm!r} already has score floor {multi.threshold:.3f} and answer margin "
                              f"{multi.answer_margin:.3f}; nothing to push")
         return _replace_arm(config, arm, multi=multi.model_dump())
+    return change
+
+
+def set_invalidate_after(arm: str, users: int) -> Change:
+    """Change how many users must get a "wrong" verdict on an entry's answers before feedback
+    removes it (``ArmConfig.invalidate_after_wrong``; 0: never). Refuses a no-op."""
+    if isinstance(users, bool) or not isinstance(users, int) or users < 0:
+        raise ValueError(f"the number of users must be a whole number >= 0, got {users!r}")
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        if arm not in _names(config):
+            raise ValueError(f"experiment {config.experiment_id!r} has no arm {arm!r}; arms: {_names(config)}")
+        if config.arm(arm).invalidate_after_wrong == users:
+            raise ValueError(f"arm {arm!r} already removes entries after {users} users' wrong verdicts; "
+                             "nothing to push")
+        return _replace_arm(config, arm, invalidate_after_wrong=users)
     return change
 
 
@@ -320,9 +337,10 @@ def with_multi(config: ExperimentConfig, arm: str, actor: str, at_ms: int, *,
 
 
 def changed_arms(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
-    """Arms whose threshold, cluster thresholds, canary or multi settings differ between two configs."""
+    """Arms whose threshold, cluster thresholds, canary, multi settings or feedback invalidation
+    differ between two configs."""
     def key(arm: ArmConfig):
-        return arm.threshold, arm.cluster_thresholds, arm.canary, arm.multi
+        return arm.threshold, arm.cluster_thresholds, arm.canary, arm.multi, arm.invalidate_after_wrong
     before = {a.name: key(a) for a in old.arms}
     return [a.name for a in new.arms if before.get(a.name) != key(a)]
 

@@ -351,6 +351,39 @@ def _multi_experiments_file(tmp_path, experiment_id: str) -> None:
             {"name": "treatment", "threshold": 0.80}]}]}))
 
 
+def test_push_wrong_answer_removal_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch,
+                                                          tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    _multi_experiments_file(tmp_path, experiment_id)
+    at = start()
+    assert at.number_input(key="ctl_invalidate_after").value == 1  # the default: one user's wrong verdict
+    at.number_input(key="ctl_invalidate_after").set_value(3)
+    at.text_input(key="ctl_actor").input("tester")
+    at.button(key="ctl_invalidate_push").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "control removes entries after 3 users' wrong verdicts as config version 2" in at.success[0].value
+
+    pushed = _control_messages(kafka_settings)[-1]
+    assert pushed.experiment.version == 2 and pushed.experiment.arm("control").invalidate_after_wrong == 3
+    assert pushed.experiment.arm("treatment").invalidate_after_wrong == 1
+    assert pushed.experiment.arm("control").threshold == 0.90 and pushed.reason == "users before removal 1 → 3"
+    client = connect(ch_settings)
+    rows = client.query("SELECT arm, new_version, config_json FROM threshold_changes WHERE experiment_id = {e:String}",
+                        parameters={"e": experiment_id}).result_rows
+    client.close()
+    assert [tuple(r[:2]) for r in rows] == [("control", 2)]
+    assert json.loads(rows[0][2])["arms"][0]["invalidate_after_wrong"] == 3
+
+    at.button(key="ctl_invalidate_push").click().run()  # unchanged: refused, nothing published
+    assert any("nothing to push" in e.value for e in at.error), [e.value for e in at.error]
+    assert len(_control_messages(kafka_settings)) == 1
+    rollback = at.button(key="ctl_rollback")
+    assert "removal after 1" in rollback.label
+    rollback.click().run()
+    assert _control_messages(kafka_settings)[-1].experiment.arm("control").invalidate_after_wrong == 1
+
+
 def test_push_multi_margin_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch, tmp_path):
     experiment_id, start = app_env
     _kafka_env(monkeypatch, kafka_settings)

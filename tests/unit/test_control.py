@@ -263,3 +263,17 @@ def test_multi_canary_refuses_what_set_multi_refuses():
         control.start_multi_canary("mixed", 0.1, 0.05, 1, score_floor=0.5)(MULTI)
     with pytest.raises(ValueError, match="canary share"):
         control.start_multi_canary("mixed", 1.5, 0.05, 1, score_floor=0.45)
+
+
+def test_set_invalidate_after_changes_one_arm_and_refuses_bad_values():
+    new = control.set_invalidate_after("mixed", 3)(MULTI)
+    assert new.arm("mixed").invalidate_after_wrong == 3 and new.arm("control") == MULTI.arm("control")
+    assert control.changed_arms(MULTI, new) == ["mixed"]
+    assert control.restore_thresholds(MULTI)(new).arm("mixed").invalidate_after_wrong == 1  # rollback brings it back
+    with pytest.raises(ValueError, match="already removes entries after 1 users' wrong verdicts; nothing to push"):
+        control.set_invalidate_after("mixed", 1)(MULTI)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="whole number >= 0"):
+            control.set_invalidate_after("mixed", bad)
+    with pytest.raises(ValueError, match=r"no arm 'nope'"):
+        control.set_invalidate_after("nope", 2)(MULTI)
