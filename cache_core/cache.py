@@ -48,9 +48,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,7 +58,7 @@ from cache_core.clusters import OnlineClusters
 from cache_core.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
-from cache_core.experiments import ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
+from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
 from cache_core.feedback import ServedHit, ServedHits, log_invalidation
 from cache_core.guards import first_conflict
 from cache_core.index import IndexSpec, VectorIndex
@@ -165,6 +165,21 @@ class LookupResult:
     def event(self) -> CacheEvent:
         """The complete event (waits if a background executor has not finished it yet)."""
         return self.pending.result()
+
+
+@dataclass(frozen=True)
+class StoreItem:
+    """One answer to store (``SemanticCache.store_many``)."""
+
+    query: str
+    answer: str
+    unit_id: str
+    experiment_id: str | None = None
+    namespace: str = "default"
+    scope: str | None = None
+    ttl_s: float | None = None
+    provenance_source: str = ""
+    provenance_version: str = ""
 
 
 @dataclass
@@ -685,25 +700,67 @@ class SemanticCache:
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,
               provenance_source: str = "", provenance_version: str = "") -> StoreResult:
         """Offer an answer for the partition of the unit's arm; admission by similarity tier."""
-        self._check_query(query, unit_id, namespace, scope)
-        self._check_answer(answer, ttl_s)
-        req = self._prepare(query, unit_id, experiment_id, update_clusters=False)
+        item = StoreItem(query, answer, unit_id, experiment_id, namespace, scope, ttl_s,
+                         provenance_source, provenance_version)
+        return self.store_many([item])[0][0]
+
+    def store_many(self, items: Sequence[StoreItem], *, every_arm: bool = False) -> list[list[StoreResult]]:
+        """``store`` for many items: encoded in one batch, made durable with one sync.
+
+        Per item, a list of results: one for the unit's arm, or with ``every_arm`` one per
+        store of the experiment (each arm's own, or the shared one), so that seeding a cache
+        warms every arm alike rather than the seeding unit's arm only. Every item is checked
+        first: a bad one (InvalidRequest naming its index, UnknownExperiment) stores nothing."""
+        experiments = [self._checked(n, item, len(items)) for n, item in enumerate(items)]
+        started = time.perf_counter()
+        vecs, norms = self.embedder.encode_with_norms([item.query for item in items])
+        results: list[list[StoreResult]] = []
+        stored: list[tuple[Partition, CacheEntry]] = []
+        for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
+            requests = self._store_requests(experiment, item.unit_id, vec, norm, started, every_arm)
+            results.append([self._store_one(req, item, stored) for req in requests])
+        if stored:
+            self.sync_journal()  # acknowledged = durable: fsync before the caller hears "stored"
+            if self.entry_feed is not None:
+                for partition, entry in stored:
+                    self.entry_feed.stored(partition.key, entry)
+        return results
+
+    def _checked(self, n: int, item: StoreItem, count: int) -> ExperimentConfig:
+        """The experiment ``item`` stores into, after checking its fields."""
+        try:
+            self._check_query(item.query, item.unit_id, item.namespace, item.scope)
+            self._check_answer(item.answer, item.ttl_s)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"item {n}: {exc}" if count > 1 else str(exc)) from None
+        return self.registry.get(item.experiment_id)  # one snapshot for the whole item
+
+    def _store_requests(self, experiment: ExperimentConfig, unit_id: str, vec: np.ndarray, norm: float,
+                        started: float, every_arm: bool) -> list[_Request]:
+        req = self._request(experiment, unit_id, vec, norm, started, update_clusters=False)
+        if not every_arm:
+            return [req]
+        arms = experiment.arms[:1] if experiment.partition_mode == "shared" else experiment.arms
+        probabilities = experiment.arm_probabilities()
+        return [replace(req, arm_name=arm.name, assignment_prob=probabilities[arm.name], variant="base")
+                for arm in arms]
+
+    def _store_one(self, req: _Request, item: StoreItem, stored: list) -> StoreResult:
+        """Admit ``item`` into ``req``'s store; a stored entry is appended to ``stored``."""
         result = StoreResult(stored=False, reason="holdout", experiment_id=req.experiment.experiment_id,
                              arm=req.arm_name, config_version=req.experiment.version,
                              intent_cluster=req.cluster)
-        if req.arm_name == "holdout":
+        if req.arm_name == HOLDOUT_ARM:
             return result
         arm = req.experiment.arm(req.arm_name)
-        partition = self._partition(namespace, req.experiment, arm)
+        partition = self._partition(item.namespace, req.experiment, arm)
         with partition.lock:
             now = self.clock()
-            entry = self._new_entry(req, arm, query, answer, namespace, scope, ttl_s, now,
-                                    provenance_source, provenance_version)
+            entry = self._new_entry(req, arm, item.query, item.answer, item.namespace, item.scope, item.ttl_s,
+                                    now, item.provenance_source, item.provenance_version)
             result = self._admit(partition, entry, result, now)
         if result.stored:
-            self.sync_journal()  # acknowledged = durable: fsync before the caller hears "stored"
-            if self.entry_feed is not None:
-                self.entry_feed.stored(partition.key, entry)
+            stored.append((partition, entry))
         return result
 
     def clear_namespace(self, namespace: str) -> int:
@@ -916,13 +973,6 @@ class SemanticCache:
             raise InvalidRequest(f"answer has {len(answer)} characters; the limit is {self.max_answer_chars}")
         if ttl_s is not None and not ttl_s > 0:
             raise InvalidRequest(f"ttl_s must be positive, got {ttl_s}")
-
-    def _prepare(self, query: str, unit_id: str, experiment_id: str | None,
-                 update_clusters: bool = True) -> _Request:
-        started = time.perf_counter()
-        experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
-        vecs, norms = self.embedder.encode_with_norms([query])
-        return self._request(experiment, unit_id, vecs[0], norms[0], started, update_clusters)
 
     def _request(self, experiment: ExperimentConfig, unit_id: str, vec: np.ndarray, norm: float,
                  started: float, update_clusters: bool = True) -> _Request:

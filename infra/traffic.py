@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from cache_core.experiments import HOLDOUT_ARM, assign, load_experiments
+from cache_core.service.schemas import MAX_STORE_BATCH
 from infra.runtime import REPO_ROOT
 
 log = logging.getLogger("scache.traffic")
@@ -68,22 +69,20 @@ def units_per_arm(experiments_file: Path, experiment_id: str, per_arm: int = 1) 
     return found
 
 
-def warm(client: httpx.Client, experiments_file: Path, experiment_id: str, per_intent: int = 2) -> int:
-    """Store a few training queries per intent into every arm's partition."""
+def warm(client: httpx.Client, experiment_id: str, per_intent: int = 2) -> int:
+    """Store a few training queries per intent into every arm's store, in one batch (so that
+    no arm starts warmer than another). Returns the entries stored."""
     by_intent: dict[str, list[str]] = {}
     for text, intent in load_queries("train"):
         by_intent.setdefault(intent, []).append(text)
-    units = units_per_arm(experiments_file, experiment_id)
+    items = [{"query": text, "answer": answer_for(intent), "unit_id": "warm-up", "experiment_id": experiment_id,
+              "provenance": {"source": "banking77-train", "version": "1"}}
+             for intent, texts in by_intent.items() for text in texts[:per_intent]]
     stored = 0
-    for intent, texts in by_intent.items():
-        for text in texts[:per_intent]:
-            for arm_units in units.values():
-                resp = client.post("/v1/store", json={
-                    "query": text, "answer": answer_for(intent), "unit_id": arm_units[0],
-                    "experiment_id": experiment_id, "provenance": {"source": "banking77-train", "version": "1"},
-                })
-                resp.raise_for_status()
-                stored += 1
+    for start in range(0, len(items), MAX_STORE_BATCH):
+        resp = client.post("/v1/store/batch", json={"items": items[start:start + MAX_STORE_BATCH], "every_arm": True})
+        resp.raise_for_status()
+        stored += resp.json()["stored"]
     return stored
 
 
@@ -116,7 +115,7 @@ def replay_forever(cache_url: str, rate_per_s: float, experiments_file: Path,
     rng = random.Random(7)
     tally = Tally()
     with httpx.Client(base_url=cache_url, timeout=30) as client:
-        stored = warm(client, experiments_file, experiment_id)
+        stored = warm(client, experiment_id)
         log.info("warmed the cache", extra={"entries": stored})
         traffic = load_queries("test")
         sent, next_report = 0, time.monotonic() + report_every_s

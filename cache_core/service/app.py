@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.ann_check import AnnChecker
-from cache_core.cache import InvalidRequest, SemanticCache
+from cache_core.cache import InvalidRequest, SemanticCache, StoreItem
 from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
@@ -26,7 +26,8 @@ from cache_core.replication import EntryFollower, share
 from cache_core.service import chat
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import (ChatCompletionRequest, FeedbackRequest, LookupRequest,
-                                        LookupResponse, StoreRequest, StoreResponse)
+                                        LookupResponse, StoreBatchRequest, StoreBatchResponse, StoreRequest,
+                                        StoreResponse)
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,18 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
                              provenance_source=body.provenance.source,
                              provenance_version=body.provenance.version)
         metrics.stores.labels(result.experiment_id, result.arm, result.reason).inc()
-        return StoreResponse(**{k: getattr(result, k) for k in StoreResponse.model_fields})
+        return _store_response(result)
+
+    @app.post("/v1/store/batch", response_model=StoreBatchResponse)
+    def store_batch(body: StoreBatchRequest) -> StoreBatchResponse:
+        results = cache.store_many([StoreItem(
+            item.query, item.answer, item.unit_id, item.experiment_id, item.namespace, item.scope, item.ttl_s,
+            item.provenance.source, item.provenance.version) for item in body.items], every_arm=body.every_arm)
+        for result in (r for per_item in results for r in per_item):
+            metrics.stores.labels(result.experiment_id, result.arm, result.reason).inc()
+        return StoreBatchResponse(
+            results=[[_store_response(r) for r in per_item] for per_item in results],
+            stored=sum(r.stored for per_item in results for r in per_item))
 
     @app.post("/v1/feedback", status_code=202)
     def feedback(body: FeedbackRequest) -> dict:
@@ -227,6 +239,10 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
     @app.get("/v1/experiments")
     def experiments() -> dict:
         return {"experiments": [e.model_dump(mode="json") for e in registry.all()]}
+
+
+def _store_response(result) -> StoreResponse:
+    return StoreResponse(**{k: getattr(result, k) for k in StoreResponse.model_fields})
 
 
 # Proxies must not buffer or transform the event stream.

@@ -36,6 +36,18 @@ class StoreRequest(LookupRequest):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+MAX_STORE_BATCH = 512
+
+
+class StoreBatchRequest(_Strict):
+    """``POST /v1/store/batch``: seed or refresh many answers in one call (one encode batch,
+    one fsync). ``every_arm``: into every store of each item's experiment, so that every arm
+    starts equally warm (the default stores into the unit's arm only, as ``/v1/store``)."""
+
+    items: list[StoreRequest] = Field(min_length=1, max_length=MAX_STORE_BATCH)
+    every_arm: bool = False
+
+
 class FeedbackRequest(_Strict):
     request_id: str = Field(min_length=1, max_length=128)
     verdict: Literal["correct", "wrong"]
@@ -76,6 +88,12 @@ class StoreResponse(BaseModel):
     arm: str
     config_version: int
     intent_cluster: int
+
+
+class StoreBatchResponse(BaseModel):
+    results: list[list[StoreResponse]]
+    """Per item, in order: one result per store it was offered to (see ``every_arm``)."""
+    stored: int
 
 
 class ChatMessage(BaseModel):
