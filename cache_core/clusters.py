@@ -46,6 +46,33 @@ centroids agree that closely.
 Retrain merge. Before k-means, old centroids at least ``merge_above`` alike are merged
 (survivor: the larger count, then the smaller id), so k shrinks when two clusters have
 drifted into one (also on a single instance); the merged-away ids count as retired.
+
+Refresh. The topic is time-retained and retrains grow rare (the sample must double), so
+the model message and the opens that built the current set fall out of it; a replica
+starting without a snapshot would then know only the clusters opened within the retention
+and give every older intent a new id of its own. So the model in use is re-sent
+(``model_in_use``; when, see cache_core.replication) as the same model: the same
+generation, model origin and ``trained_at_ms``, with every cluster held now (ids, counts,
+centroids), the open times of those opened after ``trained_at_ms`` and ``merged_ids``.
+Because it orders like the model it re-sends, ``adopt_model`` takes it as follows:
+
+* a replica on a later model ignores it, as any older model;
+* a replica on an earlier one (a fresh replica: generation 0) installs it like a retrain:
+  the re-sender's ids and centroids, plus the clusters it heard opened after
+  ``trained_at_ms`` that the re-sender had not heard of yet (their opens were on their
+  way; with ``trained_at_ms = now`` it would drop them), less those the merges name;
+  the open times come along, so a later model's adoption keeps the same clusters as on
+  the replicas that were there;
+* a replica on the same model (every replica running: the model in use everywhere, also
+  before any retrain, at (0, "")) only adds the clusters and merges it does not know.
+  Normally there are none, since it saw them opened: its ids, centroids, generation and
+  the clusters opened since stay as they are. (A fresh replica that read the re-sent model
+  from the topic but lost opens older than the topic's start gets them back this way.)
+
+A bumped generation would instead be a new model for everyone: each running replica's
+centroids replaced by the re-sender's, and any cluster opened meanwhile elsewhere dropped.
+A cluster opened here is left out of a refresh until its open is queued, so the open
+precedes it in the topic and every replica remembers it for the concurrent-open merge.
 """
 from __future__ import annotations
 
@@ -82,6 +109,10 @@ class ClusterModel:
     ids: list[int]
     counts: list[int]
     centroids: np.ndarray = field(repr=False)
+    opened_at_ms: dict[int, int] = field(default_factory=dict)
+    """Open times of the clusters among ``ids`` opened after ``trained_at_ms`` (see "Refresh")."""
+    merged_ids: dict[int, int] = field(default_factory=dict)
+    """Loser -> survivor, as the sender knows them (a refresh carries them)."""
 
     def order(self) -> tuple[int, str]:
         return self.generation, self.origin
@@ -154,10 +185,13 @@ class OnlineClusters:
         """Optional: ``cluster_opened(id, vec, at_ms)`` and ``clusters_retrained(ClusterModel)``."""
         self.generation = 0
         self.model_origin = ""
+        self.trained_at_ms = 0
+        """The sample time of the model in use (0: none yet, or a snapshot older than it)."""
         self._opened_at_ms: dict[int, int] = {}  # opened or adopted since the last model
         self._opens: dict[int, _Open] = {}  # recent opens with an origin (see "Concurrent opens")
         self._merged: dict[int, int] = {}  # loser -> survivor, oldest first
         self._id_rng = random.SystemRandom()
+        self._unannounced: set[int] = set()  # opened here, open not yet handed to the listener
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -195,6 +229,8 @@ class OnlineClusters:
                 # opened_at_ms is read here: an adoption may drop the cluster later.
                 cluster, opened_at_ms = self._open(vec)
                 row = -1 if opened_at_ms is not None else self._ids.index(cluster)
+                if opened_at_ms is not None and self.listener is not None:
+                    self._unannounced.add(cluster)  # kept out of a refresh until its open is queued
             else:
                 cluster = self._ids[row]
             if update and row >= 0:
@@ -203,7 +239,11 @@ class OnlineClusters:
             if due:
                 self._next_retrain = int(self._seen * self.retrain_growth) + 1
         if opened_at_ms is not None and self.listener is not None:
-            self.listener.cluster_opened(cluster, vec, opened_at_ms)
+            try:
+                self.listener.cluster_opened(cluster, vec, opened_at_ms)
+            finally:
+                with self._lock:
+                    self._unannounced.discard(cluster)
         if due:
             self._start_retrain()
         return cluster
@@ -233,9 +273,9 @@ class OnlineClusters:
                 for loser, survivor in merges:
                     self._note_merge(loser, survivor, "retrain")
                 self.generation, self.model_origin = self.generation + 1, self.origin
+                self.trained_at_ms = sampled_at_ms
                 self._opened_at_ms = {c: t for c, t in self._opened_at_ms.items() if t > sampled_at_ms}
-                model = ClusterModel(self.generation, self.origin, sampled_at_ms, list(self._ids),
-                                     list(self._counts), self._centroids.copy())
+                model = self._model(range(len(self._ids)))
             report.seconds, report.sample = time.perf_counter() - started, len(sample)
             self.retrains.append(report)
             log.info("intent clusters retrained", extra=report.__dict__)
@@ -256,24 +296,40 @@ class OnlineClusters:
             return self._admit(cluster_id, vec, opened_at_ms, origin, local=False) == cluster_id
 
     def adopt_model(self, model: ClusterModel) -> bool:
-        """Take in another replica's retrained model if it orders after the one in use."""
-        if model.order() <= (self.generation, self.model_origin):
+        """Take in another replica's retrained (or re-sent) model if it orders after the one in
+        use; a re-sent copy of the model in use only adds what is not known here (see "Refresh").
+        False: nothing changed."""
+        if model.order() < (self.generation, self.model_origin):
             return False
         centroids = _unit_rows(np.asarray(model.centroids, dtype=np.float32).reshape(len(model.ids), self.dim))
         with self._lock:
-            if model.order() <= (self.generation, self.model_origin):
+            if model.order() < (self.generation, self.model_origin):
                 return False
+            if model.order() == (self.generation, self.model_origin):
+                return self._fill_in(model, centroids)
+            self._take_merges(model.merged_ids)
             # A model trained before a merge reached its replica names the loser: read the survivor.
             ids, centroids, counts = self._combine([self._resolve(cid) for cid in model.ids], centroids,
                                                    model.counts)
             known = set(ids)
             # Opened after the model's sample was taken: it cannot know them, so they stay.
             late = [row for row, cid in enumerate(self._ids)
-                    if cid not in known and self._opened_at_ms.get(cid, -1) > model.trained_at_ms]
-            self._opened_at_ms = {self._ids[row]: self._opened_at_ms[self._ids[row]] for row in late}
+                    if cid not in known and cid not in self._merged
+                    and self._opened_at_ms.get(cid, -1) > model.trained_at_ms]
+            opened = {self._ids[row]: self._opened_at_ms[self._ids[row]] for row in late}
+            self._opened_at_ms = {**{self._resolve(cid): int(at) for cid, at in model.opened_at_ms.items()
+                                     if self._resolve(cid) in known}, **opened}
             self._replace(ids, centroids, counts, late)
             self.generation, self.model_origin = model.generation, model.origin
+            self.trained_at_ms = model.trained_at_ms
             return True
+
+    def model_in_use(self) -> ClusterModel | None:
+        """The model in use with every cluster held now, to re-send it (see "Refresh");
+        None when there are no clusters."""
+        with self._lock:
+            rows = [row for row, cid in enumerate(self._ids) if cid not in self._unannounced]
+            return self._model(rows) if rows else None
 
     # -- persistence ------------------------------------------------------------------
 
@@ -283,7 +339,8 @@ class OnlineClusters:
             return {"ids": list(self._ids), "centroids": self._centroids.copy(),
                     "counts": list(self._counts), "next_id": self._next_id, "seen": self._seen,
                     "next_retrain": self._next_retrain, "generation": self.generation,
-                    "model_origin": self.model_origin,
+                    "model_origin": self.model_origin, "trained_at_ms": self.trained_at_ms,
+                    "opened_at_ms": [[cid, at] for cid, at in self._opened_at_ms.items()],
                     "opens": [[cid, o.at_ms, o.origin, encode_vec(o.vec)] for cid, o in self._opens.items()],
                     "merged_ids": [[loser, survivor] for loser, survivor in self._merged.items()]}
 
@@ -299,6 +356,9 @@ class OnlineClusters:
             self._next_retrain = int(state.get("next_retrain", self._next_retrain))
             self.generation = int(state.get("generation", 0))
             self.model_origin = str(state.get("model_origin", ""))
+            # Older snapshots have neither: a refresh then keeps all a fresh replica heard opened.
+            self.trained_at_ms = int(state.get("trained_at_ms", 0))
+            self._opened_at_ms = {int(cid): int(at) for cid, at in state.get("opened_at_ms", [])}
             # Older snapshots have neither: nothing to merge with, nothing merged.
             self._opens = {int(cid): _Open(decode_vec(vec), int(at_ms), str(origin))
                            for cid, at_ms, origin, vec in state.get("opens", [])}
@@ -319,6 +379,55 @@ class OnlineClusters:
         cluster, at_ms = self._fresh_id(), int(time.time() * 1000)
         survivor = self._admit(cluster, vec, at_ms, self.origin, local=True)
         return (cluster, at_ms) if survivor == cluster else (survivor, None)
+
+    # -- refresh (see the module docstring) ----------------------------------------------
+
+    def _model(self, rows) -> ClusterModel:
+        """The model in use, as made of the clusters at ``rows``."""
+        ids = [self._ids[row] for row in rows]
+        return ClusterModel(self.generation, self.model_origin, self.trained_at_ms, ids,
+                            [self._counts[row] for row in rows], self._centroids[list(rows)].copy(),
+                            opened_at_ms={cid: self._opened_at_ms[cid] for cid in ids if cid in self._opened_at_ms},
+                            merged_ids=dict(self._merged))
+
+    def _fill_in(self, model: ClusterModel, centroids: np.ndarray) -> bool:
+        """A copy of the model in use: add the clusters and merges not known here."""
+        changed = False
+        for cid, row, count in zip(model.ids, centroids, model.counts):
+            if self._resolve(cid) != cid or cid in self._ids or len(self) >= self.max_clusters:
+                continue  # known, or merged here (into a survivor held, or retired: not brought back)
+            self._append(cid, row)
+            self._counts[-1], self._sums[-1] = int(count), row * max(int(count), 1)
+            if cid in model.opened_at_ms:
+                self._opened_at_ms[cid] = int(model.opened_at_ms[cid])
+            changed = True
+        return self._take_merges(model.merged_ids) or changed  # after: a survivor may just have come
+
+    def _take_merges(self, merges: dict[int, int]) -> bool:
+        """Note the sender's merges not known here; a loser held here is folded into its
+        survivor (or dropped, the survivor not being here). Quiet: they are not new."""
+        changed = False
+        for loser, survivor in merges.items():
+            loser, survivor = int(loser), int(survivor)
+            if loser in self._merged or loser == survivor or self._resolve(survivor) == loser:
+                continue
+            self._merged[loser] = survivor
+            if loser in self._ids:
+                if self._resolve(survivor) in self._ids:
+                    self._fold(loser, self._resolve(survivor))
+                else:
+                    self._drop(loser)
+            changed = True
+        while len(self._merged) > MERGED_MAX:
+            del self._merged[next(iter(self._merged))]
+        return changed
+
+    def _drop(self, cluster: int) -> None:
+        keep = [r for r, cid in enumerate(self._ids) if cid != cluster]
+        self._ids = [self._ids[r] for r in keep]
+        self._centroids, self._sums = self._centroids[keep], self._sums[keep]
+        self._counts = [self._counts[r] for r in keep]
+        self._opened_at_ms.pop(cluster, None)
 
     # -- concurrent opens (see the module docstring) ------------------------------------
 

@@ -120,14 +120,23 @@ class ControlMessage(BaseModel):
 
 
 class ClusterModelPayload(BaseModel):
-    """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic."""
+    """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic,
+    or the model in use re-sent so the topic keeps it (a refresh, see cache_core.clusters)."""
 
-    generation: int = Field(ge=1)
+    generation: int = Field(ge=0)
+    """0 only in a refresh before any retrain."""
     trained_at_ms: int
     ids: list[int]
     counts: list[int]
     centroids: str
     """Row-major, one row per id: base64 of little-endian float32."""
+    model_origin: str | None = None
+    """The replica that trained the model when another one re-sends it ("" before any retrain);
+    None: the sender (``origin``)."""
+    opened_at_ms: dict[int, int] = {}
+    """Open times of the clusters opened after ``trained_at_ms``."""
+    merged_ids: dict[int, int] = {}
+    """Loser -> survivor, as the sender knows them."""
 
 
 CLUSTERS_KEY = b"~clusters"  # one key: every replica reads cluster changes in one order
@@ -150,7 +159,8 @@ class EntryMessage(BaseModel):
     origin: str = Field(min_length=1)
     """Instance id of the replica that made the change."""
     ts_ms: int = Field(default_factory=now_ms)
-    """When the change was made; a clear removes entries created before it."""
+    """When the change was made; a clear removes entries created before it. For clusters, when the
+    model was sent: replicas re-send it when the newest copy on the topic grows old."""
     namespace: str = ""
     experiment_id: str = ""
     arm_key: str = ""

@@ -6,7 +6,7 @@ from another. A follower assigns itself all the topic's partitions, starts where
 at connect time (``wait_caught_up``), then keeps following. If the broker is down, at
 start or later, it retries with backoff and resumes where it was. Subclasses handle
 the records (``handle``, in topic order per partition) and may act after each polled
-batch (``after_batch``). The control listener (cache_core.control) and the entries
+batch (``after_batch``) or after every poll, records or not (``after_poll``). The control listener (cache_core.control) and the entries
 follower (cache_core.replication) replay; the feedback follower (cache_core.feedback)
 starts at the end.
 """
@@ -80,6 +80,9 @@ class TopicFollower:
 
     def after_batch(self) -> None:
         """Called after each poll that returned records (their positions are in ``positions``)."""
+
+    def after_poll(self) -> None:
+        """Called after every poll, records or not: at least every ``poll_timeout_s`` while connected."""
 
     def start_offsets(self) -> dict[TopicPartition, int]:
         """Where to start on the first connect (partitions not named: see ``start_at_end``)."""
@@ -175,6 +178,7 @@ class TopicFollower:
             if batches:
                 self.after_batch()
             self._check_caught_up(consumer)
+            self.after_poll()
 
     def _check_caught_up(self, consumer: KafkaConsumer) -> None:
         # The consumer's position, not the last offset seen: compaction leaves gaps.

@@ -27,6 +27,20 @@ the topic too; the others adopt them (``OnlineClusters.adopt_open`` / ``adopt_mo
 An intent opened on two replicas within the replication lag is merged into one id, the
 same on both, from the two opens' times, vectors and origins (see cache_core.clusters).
 
+The topic is time-retained and retrains grow rare, so the messages that built the
+cluster set fall out of it. So the topic always holds a recent copy of the model in use:
+every replica notes when the newest model message it read (its own included) was sent,
+and once that is ``cluster_refresh_s`` old (``SCACHE_CACHE__CLUSTER_REFRESH_S``, below the
+retention), plus a random jitter of up to 10% of it, it re-sends the model in use with
+every cluster it holds (``OnlineClusters.model_in_use``; nothing while it has none, nor
+before it replayed the topic). The first replica due sends it; the others read it and
+count again from it, so one copy goes out per interval, not one per replica. The copy is
+the same model, not a new one: replicas on it only take in what they lack (normally
+nothing), and a replica starting from an empty topic history adopts it whole, with the
+same ids (see "Refresh" in cache_core.clusters). Model messages are applied even when
+they are this replica's own (still counted as ``own``): their order makes that safe, and
+a replica restarted without its state under the same instance id gets its model back.
+
 Not replicated: hits (hit counts, sliding-TTL renewals, LRU order) and evictions, which
 stay each replica's own. Expiry follows from the entry's own times: the same everywhere.
 Entries from another encoder model or dimension are skipped and counted. The topic
@@ -46,6 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from pathlib import Path
 
@@ -56,7 +71,8 @@ from cache_core.clusters import ClusterModel
 from cache_core.events import ClusterModelPayload, EntryMessage
 from cache_core.follower import TopicFollower
 from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
-from cache_core.settings import KafkaSettings
+from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings
+from cache_core.settings import cluster_refresh_s as cluster_refresh_s_in_effect
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +85,13 @@ OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_be
 class EntryFeed:
     """Turns the cache's stored entries and clears into ``EntryMessage``s on ``publisher``."""
 
-    def __init__(self, publisher, instance_id: str, model: str):
+    def __init__(self, publisher, instance_id: str, model: str, clock=time.time):
         if not instance_id:
             raise ValueError("replication needs an instance id (it tells its own changes apart by it)")
         self.publisher = publisher
         self.instance_id = instance_id
         self.model = model
+        self.clock = clock
 
     def stored(self, key: tuple[str, str, str], entry) -> None:
         namespace, experiment_id, arm_key = key
@@ -100,37 +117,55 @@ class EntryFeed:
                                                   embedding=encode_vec(centroid)))
 
     def clusters_retrained(self, model: ClusterModel) -> None:
+        self._send_model(model, int(self.clock() * 1000))
+
+    def clusters_refreshed(self, model: ClusterModel, sent_at_ms: int) -> None:
+        """Re-send the model in use (``OnlineClusters.model_in_use``), under its trainer's origin."""
+        self._send_model(model, sent_at_ms, model_origin=model.origin)
+
+    def _send_model(self, model: ClusterModel, sent_at_ms: int, model_origin: str | None = None) -> None:
         self.publisher.publish_entry(EntryMessage(
-            change="clusters", origin=self.instance_id, model=self.model, clusters=ClusterModelPayload(
+            change="clusters", origin=self.instance_id, ts_ms=sent_at_ms, model=self.model,
+            clusters=ClusterModelPayload(
                 generation=model.generation, trained_at_ms=model.trained_at_ms, ids=model.ids,
-                counts=model.counts, centroids=encode_vec(model.centroids.reshape(-1)))))
+                counts=model.counts, centroids=encode_vec(model.centroids.reshape(-1)),
+                model_origin=model_origin, opened_at_ms=model.opened_at_ms, merged_ids=model.merged_ids)))
 
 
 def share(cache, publisher, instance_id: str, model: str) -> EntryFeed:
     """Send ``cache``'s stored entries, clears and intent-cluster changes to the entries topic
     through ``publisher``; its clusters draw ids unique across replicas. Returns the feed."""
-    feed = EntryFeed(publisher, instance_id, model)
+    feed = EntryFeed(publisher, instance_id, model, clock=cache.clock)
     cache.entry_feed = feed
     cache.clusters.fleet_ids, cache.clusters.origin, cache.clusters.listener = True, instance_id, feed
     return feed
 
 
 class EntryFollower(TopicFollower):
-    """Applies the other replicas' entry changes to ``cache``; see the module docstring.
-    ``state_dir``: where the applied offsets are kept (None: always replay from the start)."""
+    """Applies the other replicas' entry changes to ``cache``, and keeps a recent copy of its
+    intent-cluster model on the topic; see the module docstring.
+    ``state_dir``: where the applied offsets are kept (None: always replay from the start).
+    ``cluster_refresh_s``: see ``cache_core.settings.cluster_refresh_s`` (None: a third of the
+    retention); ``clock`` (default: the cache's) and ``rng`` time the refresh."""
 
     thread_name = "scache-entries"
 
     def __init__(self, kafka: KafkaSettings, cache, instance_id: str, model: str, *,
-                 state_dir: Path | None = None, poll_timeout_s: float = 0.5, retry_s: float = 1.0):
+                 state_dir: Path | None = None, poll_timeout_s: float = 0.5, retry_s: float = 1.0,
+                 cluster_refresh_s: float | None = None, clock=None, rng: random.Random | None = None):
         super().__init__(kafka, kafka.entries_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
-                         counters=OUTCOMES)
+                         counters=OUTCOMES + ("cluster_refreshes",))
         self.cache = cache
         self.instance_id = instance_id
         self.model = model
         self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
         self._cleared_at: dict[str, float] = {}
         self._saved_at = float("-inf")
+        self.cluster_refresh_s = cluster_refresh_s_in_effect(kafka, cluster_refresh_s)
+        self.clock = clock or cache.clock
+        self._rng = rng or random.Random()
+        self._model_sent_ms: int | None = None  # newest model message read: the model in use or a later one
+        self._refresh_at_ms: float | None = None
 
     # -- position ---------------------------------------------------------------------
 
@@ -153,6 +188,9 @@ class EntryFollower(TopicFollower):
         if self.offsets_path is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self._save_offsets()
 
+    def after_poll(self) -> None:
+        self.refresh_clusters()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         super().stop(timeout_s)
         if self.offsets_path is not None and not self.stats()["alive"] and self._positions:
@@ -166,6 +204,40 @@ class EntryFollower(TopicFollower):
         tmp.write_text(json.dumps(body))
         os.replace(tmp, self.offsets_path)
         self._saved_at = time.monotonic()
+
+    # -- keeping the cluster model on the topic ---------------------------------------
+
+    def refresh_clusters(self) -> bool:
+        """Re-send the cluster model in use if the newest copy on the topic is due (see the module
+        docstring). True when it sent one."""
+        feed = getattr(self.cache, "entry_feed", None)
+        if feed is None or not self._caught_up.is_set():
+            return False  # before the replay ends, neither the model nor the newest copy are known
+        now_ms = int(self.clock() * 1000)
+        if self._refresh_at_ms is None:  # the topic holds no model: count from now
+            self._refresh_at_ms = self._refresh_deadline(now_ms)
+        if now_ms < self._refresh_at_ms:
+            return False
+        model = self.cache.clusters.model_in_use()
+        if model is None:
+            return False
+        last = self._model_sent_ms
+        feed.clusters_refreshed(model, now_ms)
+        self._counts["cluster_refreshes"] += 1
+        self._noted_model(now_ms)  # not again until due again, even if the echo is slow (broker down)
+        log.info("intent-cluster model re-sent", extra={
+            "generation": model.generation, "model_origin": model.origin, "clusters": len(model.ids),
+            "newest_copy_age_s": None if last is None else round((now_ms - last) / 1000, 1)})
+        return True
+
+    def _noted_model(self, sent_at_ms: int) -> None:
+        sent_at_ms = min(sent_at_ms, int(self.clock() * 1000))  # a clock ahead must not hold refreshes off
+        if self._model_sent_ms is None or sent_at_ms > self._model_sent_ms:
+            self._model_sent_ms = sent_at_ms
+            self._refresh_at_ms = self._refresh_deadline(sent_at_ms)
+
+    def _refresh_deadline(self, since_ms: int) -> float:
+        return since_ms + self.cluster_refresh_s * 1000 * (1 + CLUSTER_REFRESH_JITTER * self._rng.random())
 
     # -- records ----------------------------------------------------------------------
 
@@ -186,8 +258,11 @@ class EntryFollower(TopicFollower):
 
     def _apply(self, message: EntryMessage) -> str:
         own = message.origin == self.instance_id
-        if message.change in ("cluster", "clusters"):
-            return "own" if own else self._apply_clusters(message)
+        if message.change == "clusters":  # also our own: see the module docstring
+            outcome = self._apply_model(message)
+            return "own" if own else outcome
+        if message.change == "cluster":
+            return "own" if own else self._apply_open(message)
         if message.change == "clear":
             cleared_at = message.ts_ms / 1000
             self._cleared_at[message.namespace] = max(cleared_at, self._cleared_at.get(message.namespace, 0.0))
@@ -215,22 +290,35 @@ class EntryFollower(TopicFollower):
             return "cleared_before"
         return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)
 
-    def _apply_clusters(self, message: EntryMessage) -> str:
+    def _apply_open(self, message: EntryMessage) -> str:
         if message.model != self.model:
             return "other_model"
-        clusters, dim = self.cache.clusters, self.cache.embedder.dim
         try:
-            vectors = decode_vec(message.embedding if message.change == "cluster" else message.clusters.centroids)
+            vector = decode_vec(message.embedding)
         except ValueError:
             return "malformed"
-        if message.change == "cluster":
-            if vectors.shape != (dim,):
-                return "other_model"
-            adopted = clusters.adopt_open(message.cluster_id, vectors, message.ts_ms, origin=message.origin)
-            return "clusters" if adopted else "duplicate"  # duplicate: known, or merged into a concurrent open
-        payload, centroids = message.clusters, vectors
+        if vector.shape != (self.cache.embedder.dim,):
+            return "other_model"
+        adopted = self.cache.clusters.adopt_open(message.cluster_id, vector, message.ts_ms, origin=message.origin)
+        return "clusters" if adopted else "duplicate"  # duplicate: known, or merged into a concurrent open
+
+    def _apply_model(self, message: EntryMessage) -> str:
+        if message.model != self.model:
+            return "other_model"
+        clusters, dim, payload = self.cache.clusters, self.cache.embedder.dim, message.clusters
+        try:
+            centroids = decode_vec(payload.centroids)
+        except ValueError:
+            return "malformed"
         if len(payload.ids) != len(payload.counts) or centroids.size != len(payload.ids) * dim:
             return "malformed"
-        model = ClusterModel(payload.generation, message.origin, payload.trained_at_ms, payload.ids,
-                             payload.counts, centroids.reshape(len(payload.ids), dim))
-        return "clusters" if clusters.adopt_model(model) else "stale"
+        origin = message.origin if payload.model_origin is None else payload.model_origin
+        model = ClusterModel(payload.generation, origin, payload.trained_at_ms, payload.ids, payload.counts,
+                             centroids.reshape(len(payload.ids), dim), opened_at_ms=dict(payload.opened_at_ms),
+                             merged_ids=dict(payload.merged_ids))
+        in_use = (clusters.generation, clusters.model_origin)
+        if model.order() >= in_use:
+            self._noted_model(message.ts_ms)  # the topic holds the model in use (or a later one) since then
+        if clusters.adopt_model(model):
+            return "clusters"
+        return "duplicate" if model.order() == in_use else "stale"

@@ -98,6 +98,11 @@ class CacheSettings(_Documented):
     """Share stored entries, namespace clears and intent clusters with the other replicas through the
     entries topic, and apply theirs (a new replica warms up from the topic); off: this instance's entries
     and cluster ids are its own."""
+    cluster_refresh_s: float | None = Field(None, gt=0)
+    """With replicate: when the newest intent-cluster model on the entries topic is this old (plus up to
+    10% jitter), a replica re-sends the model in use, so one starting without a snapshot still finds
+    every cluster within the topic's retention; None: a third of SCACHE_KAFKA__ENTRIES_RETENTION_MS.
+    Must stay below the retention."""
     feedback_memory: int = Field(100_000, ge=0)
     """Most recent hits remembered by request id, so a "wrong" verdict on one can remove the entry
     that served it (the arm's invalidate_after_wrong); 0: verdicts never remove entries."""
@@ -110,6 +115,24 @@ class CacheSettings(_Documented):
     """A batch runs when full or when its oldest check has waited this long (its event waits too)."""
     ann_check_max_pending: int = Field(1024, ge=1)
     """Checks waiting for a batch at most; beyond, new ones are dropped (counted, event unchecked)."""
+
+
+CLUSTER_REFRESH_JITTER = 0.1
+"""A replica re-sends the cluster model up to this fraction of the refresh interval late (at random),
+so that one replica does it and the others see it instead of all sending at once."""
+
+
+def cluster_refresh_s(kafka: KafkaSettings, configured: float | None = None) -> float:
+    """The cluster-model refresh interval in effect (``CacheSettings.cluster_refresh_s``): ``configured``,
+    or a third of the entries topic's retention. Raises ValueError if a refresh, jitter included,
+    could come later than the retention (the topic would lose the model in between)."""
+    retention_s = kafka.entries_retention_ms / 1000
+    interval = retention_s / 3 if configured is None else float(configured)
+    if interval * (1 + CLUSTER_REFRESH_JITTER) >= retention_s:
+        raise ValueError(f"SCACHE_CACHE__CLUSTER_REFRESH_S={interval:g} (+{CLUSTER_REFRESH_JITTER:.0%} jitter) "
+                         f"must be below the entries topic's retention, {retention_s:g} s "
+                         "(SCACHE_KAFKA__ENTRIES_RETENTION_MS)")
+    return interval
 
 
 class ServiceSettings(_Documented):
@@ -197,6 +220,11 @@ class Settings(BaseSettings):
                     "SCACHE_SERVICE__ADMIN_TOKEN and SCACHE_DASHBOARD__ADMIN_TOKEN "
                     f"must be set when SCACHE_ENVIRONMENT={self.environment}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_refresh_within_retention(self) -> "Settings":
+        cluster_refresh_s(self.kafka, self.cache.cluster_refresh_s)
         return self
 
 

@@ -138,7 +138,8 @@ def _replication(settings: Settings, cache: SemanticCache, publisher, instance_i
     model = settings.cache.model
     share(cache, publisher, instance_id, model)
     return EntryFollower(settings.kafka, cache, instance_id, model,
-                         state_dir=persistence.directory if persistence is not None else None)
+                         state_dir=persistence.directory if persistence is not None else None,
+                         cluster_refresh_s=settings.cache.cluster_refresh_s)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
