@@ -3,17 +3,21 @@ in-process replicas with the real model, and two cache service processes."""
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 import yaml
+from kafka import TopicPartition
 
 from cache_core.cache import SemanticCache
 from cache_core.events import FeedbackEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
 from cache_core.feedback import FeedbackFollower
+from cache_core.follower import close_quietly, consumer_without_group
 from cache_core.persistence import Persistence
 from cache_core.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
 from cache_core.replication import EntryFollower, share
+from infra.kafka.topics import admin_client
 from tests.integration.kafka_helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -31,7 +35,8 @@ def unit_in(arm: str) -> str:
 class Replica:
     """One in-process cache replica: cache, publisher (with its spool), follower, optional persistence."""
 
-    def __init__(self, name: str, kafka, embedder, tmp_path, persist: bool = False):
+    def __init__(self, name: str, kafka, embedder, tmp_path, persist: bool = False,
+                 cluster_refresh_s: float | None = None):
         self.cache = SemanticCache(embedder, ExperimentRegistry({"repl": EXPERIMENT}), instance_id=name)
         self.persistence = Persistence(tmp_path / f"{name}-state", fsync=False) if persist else None
         if self.persistence is not None:
@@ -39,7 +44,8 @@ class Replica:
         self.publisher = EventPublisher(kafka, spool_dir=tmp_path / f"{name}-spool-{id(self)}", instance_id=name)
         share(self.cache, self.publisher, name, MODEL)
         self.follower = EntryFollower(kafka, self.cache, name, MODEL,
-                                      state_dir=self.persistence.directory if persist else None).start()
+                                      state_dir=self.persistence.directory if persist else None,
+                                      cluster_refresh_s=cluster_refresh_s).start()
         assert self.follower.wait_caught_up(30), f"{name} did not replay the entries topic"
 
     def entries(self) -> int:
@@ -58,8 +64,8 @@ class Replica:
 def replicas(kafka_settings, minilm_embedder, tmp_path):
     started: list[Replica] = []
 
-    def start(name: str, persist: bool = False) -> Replica:
-        started.append(Replica(name, kafka_settings, minilm_embedder, tmp_path, persist))
+    def start(name: str, persist: bool = False, cluster_refresh_s: float | None = None) -> Replica:
+        started.append(Replica(name, kafka_settings, minilm_embedder, tmp_path, persist, cluster_refresh_s))
         return started[-1]
 
     yield start
@@ -142,6 +148,48 @@ def test_a_restarted_replica_resumes_from_its_offsets(replicas, kafka_settings, 
         assert again.cache.lookup(PARAPHRASE, unit).hit
     finally:
         again.stop()
+
+
+def _delete_everything_so_far(kafka) -> int:
+    """What the topic's retention does to messages older than it: they are gone from its start."""
+    tp = TopicPartition(kafka.entries_topic, 0)
+    consumer = consumer_without_group(kafka, timeout_s=5.0, suffix="retention")
+    admin = admin_client(kafka)
+    try:
+        end = consumer.end_offsets([tp])[tp]
+        admin.delete_records({tp: end}, timeout_ms=10_000)
+        assert consumer.beginning_offsets([tp])[tp] == end
+        return end
+    finally:
+        admin.close()
+        close_quietly(consumer)
+
+
+def test_a_replica_starting_after_the_cluster_opens_left_the_topic_gets_every_cluster_from_a_refresh(
+        replicas, kafka_settings):
+    refresh_s = 2.0
+    one, two = replicas("one", cluster_refresh_s=refresh_s), replicas("two", cluster_refresh_s=refresh_s)
+    unit = unit_in("a")
+    texts = (QUESTION, "What is the exchange rate for euros?", "How do I close my account?")
+    opened = [one.cache.lookup(text, unit).intent_cluster for text in texts]
+    assert len(set(opened)) == 3
+    wait_for(lambda: sorted(two.cache.clusters.ids()) == sorted(opened), 30, "the opens reaching replica two")
+    deleted = _delete_everything_so_far(kafka_settings)
+    assert deleted >= 3  # the three opens (and any refresh so far)
+    two_before = two.cache.clusters.export_state()
+    refreshes = lambda: one.follower.stats()["cluster_refreshes"] + two.follower.stats()["cluster_refreshes"]
+    after_delete = refreshes()
+    wait_for(lambda: refreshes() > after_delete, 3 * refresh_s + 10, "a refresh after the deletion")
+
+    late = replicas("late", cluster_refresh_s=refresh_s)  # replays what is left: the refreshes only
+    assert sorted(late.cache.clusters.ids()) == sorted(opened)
+    assert late.follower.stats()["clusters"] == 1  # the first copy; later ones are duplicates
+    centroids = lambda r: dict(zip(r.cache.clusters.ids(), r.cache.clusters.export_state()["centroids"]))
+    assert all(np.allclose(centroids(late)[cid], centroids(one)[cid], atol=1e-6) for cid in opened)
+    assert late.cache.lookup(PARAPHRASE, unit).intent_cluster == opened[0]  # not a new id of its own
+    two_after = two.cache.clusters.export_state()  # a replica on the model: the copies moved nothing
+    assert two_after["ids"] == two_before["ids"] and np.array_equal(two_after["centroids"], two_before["centroids"])
+    assert two.follower.stats()["clusters"] == 3 and two.follower.stats()["duplicate"] >= 1
 
 
 def test_two_service_processes_share_entries(kafka_settings, cache_service_factory, tmp_path):
