@@ -434,17 +434,17 @@ class OnlineClusters:
     def _admit(self, cluster: int, vec: np.ndarray, at_ms: int, origin: str, *, local: bool) -> int:
         """Open ``cluster`` unless a concurrent open of the same intent orders before it;
         fold the ones it orders before into it. Returns the survivor."""
-        rivals = {self._resolve(c) for c in self._concurrent(vec, at_ms, origin)}
+        present = set(self._ids)
+        # A rival whose cluster a model has retired no longer counts: here as on the replica that
+        # opened ``cluster``, which (on the same model) opened it as usual.
+        rivals = {r for r in (self._resolve(c) for c in self._concurrent(vec, at_ms, origin)) if r in present}
 
         def order(cid: int) -> tuple[int, int]:  # a forgotten open is older than any remembered
             return (at_ms if cid == cluster else self._opens[cid].at_ms if cid in self._opens else -1), cid
 
         survivor = min(rivals | {cluster}, key=order)
-        present = set(self._ids)
         if local and survivor != cluster:
-            if survivor in present:
-                return survivor  # not opened: never published, nothing to remember
-            survivor, rivals = cluster, set()  # its rival was retired meanwhile: open as usual
+            return survivor  # not opened: never published, nothing to remember
         if origin:
             self._remember(cluster, vec, at_ms, origin)  # a loser too: it may link later opens
         if survivor == cluster:

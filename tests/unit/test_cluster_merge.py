@@ -218,3 +218,18 @@ def test_a_merge_while_a_retrain_runs_is_not_undone_by_the_retrain():
     clusters.during = lambda: clusters.adopt_open(7_000_000, vec, at_ms - 100, origin="b")
     assert clusters.retrain() is not None
     assert loser not in clusters.ids() and 7_000_000 in clusters.ids() and len(clusters) == 2
+
+
+def test_an_open_whose_rival_a_model_retired_is_kept_as_on_its_own_replica():
+    """b is opened where the model in use has retired a (so it opens as usual there); a replica
+    on the same model that still remembers a's open must keep b too, not merge it into a."""
+    c, _ = _replica("c")
+    a_id, b_id = 5_000_001, 5_000_002
+    assert c.adopt_open(a_id, PIN, 1_000, origin="a")
+    other = np.array([0.0, 1.0, 0.0, 0.0], np.float32)
+    model = ClusterModel(generation=1, origin="a", trained_at_ms=1_500, ids=[6_000_000], counts=[9],
+                         centroids=other[None, :])
+    assert c.adopt_model(model) and a_id not in c.ids()  # a is retired by the model
+
+    assert c.adopt_open(b_id, PIN_PARAPHRASE, 1_800, origin="b")
+    assert b_id in c.ids() and b_id not in c.merged_ids
