@@ -29,7 +29,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kafka import TopicPartition
-from pydantic import ValidationError
 
 from cache_core.events import FeedbackEvent
 from cache_core.follower import TopicFollower
@@ -92,14 +91,9 @@ class FeedbackFollower(TopicFollower):
         return True  # the hits this process can trace were all served after it started
 
     def handle(self, record, tp: TopicPartition) -> None:
-        try:
-            event = FeedbackEvent.model_validate_json(record.value or b"")
-        except ValidationError as exc:
-            self._counts["malformed"] += 1
-            log.warning("skipping malformed feedback", extra={
-                "partition": tp.partition, "offset": record.offset, "error": exc.errors()[0]["msg"]})
-            return
-        self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
+        event = self.parse(FeedbackEvent, record, tp)
+        if event is not None:
+            self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
 
 
 def log_invalidation(hit: ServedHit, request_id: str, wrong_units: int) -> None:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
+from pydantic import BaseModel, ValidationError
 
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_S = 10.0
+Message = TypeVar("Message", bound=BaseModel)
 
 
 class TopicMissing(RuntimeError):
@@ -76,7 +79,19 @@ class TopicFollower:
     # -- for subclasses ---------------------------------------------------------------
 
     def handle(self, record: ConsumerRecord, tp: TopicPartition) -> None:
+        """One record. An exception is counted (``handler_errors``) and logged; the next record follows."""
         raise NotImplementedError
+
+    def parse(self, model: type[Message], record: ConsumerRecord, tp: TopicPartition) -> Message | None:
+        """``record``'s value as ``model``, or None when it is not one (counted ``malformed``, logged)."""
+        try:
+            return model.model_validate_json(record.value or b"")
+        except ValidationError as exc:
+            self._counts["malformed"] = self._counts.get("malformed", 0) + 1
+            log.error("skipping a malformed record", extra={
+                "topic": self.topic, "partition": tp.partition, "offset": record.offset,
+                "error": exc.errors()[0]["msg"]})
+            return None
 
     def after_batch(self) -> None:
         """Called after each poll that returned records (their positions are in ``positions``)."""
@@ -174,11 +189,19 @@ class TopicFollower:
                 for record in records:
                     self._positions[tp] = record.offset + 1
                     self._counts["received"] += 1
-                    self.handle(record, tp)
+                    self._handle_safely(record, tp)
             if batches:
                 self.after_batch()
             self._check_caught_up(consumer)
             self.after_poll()
+
+    def _handle_safely(self, record: ConsumerRecord, tp: TopicPartition) -> None:
+        try:
+            self.handle(record, tp)
+        except Exception:  # one bad record must not stop the follower (nor cost it a reconnect)
+            self._counts["handler_errors"] += 1
+            log.exception("%s: handling a record failed", self.thread_name,
+                          extra={"topic": self.topic, "partition": tp.partition, "offset": record.offset})
 
     def _check_caught_up(self, consumer: KafkaConsumer) -> None:
         # The consumer's position, not the last offset seen: compaction leaves gaps.

@@ -65,7 +65,6 @@ import time
 from pathlib import Path
 
 from kafka import TopicPartition
-from pydantic import ValidationError
 
 from cache_core.clusters import ClusterModel
 from cache_core.events import ClusterModelPayload, EntryMessage
@@ -242,19 +241,9 @@ class EntryFollower(TopicFollower):
     # -- records ----------------------------------------------------------------------
 
     def handle(self, record, tp: TopicPartition) -> None:
-        try:
-            message = EntryMessage.model_validate_json(record.value or b"")
-        except ValidationError as exc:
-            self._counts["malformed"] += 1
-            log.error("skipping malformed entry message", extra={
-                "partition": tp.partition, "offset": record.offset, "error": exc.errors()[0]["msg"]})
-            return
-        try:
+        message = self.parse(EntryMessage, record, tp)
+        if message is not None:
             self._counts[self._apply(message)] += 1
-        except Exception:  # one bad record must not stop replication
-            self._counts["handler_errors"] += 1
-            log.exception("applying an entry message failed",
-                          extra={"partition": tp.partition, "offset": record.offset, "origin": message.origin})
 
     def _apply(self, message: EntryMessage) -> str:
         own = message.origin == self.instance_id
