@@ -168,6 +168,29 @@ class LookupResult:
 
 
 @dataclass(frozen=True)
+class EntryMatch:
+    """Which entries a purge removes: those of a provenance source (and, if given, version),
+    or those stored for one question (same text as stored), or both conditions at once."""
+
+    provenance_source: str | None = None
+    provenance_version: str | None = None
+    query: str | None = None
+
+    def __post_init__(self):
+        if self.provenance_version is not None and not self.provenance_source:
+            raise InvalidRequest("provenance_version needs provenance_source")
+        if not self.provenance_source and not self.query:
+            raise InvalidRequest("a purge needs provenance_source or query (DELETE the namespace to clear it all)")
+
+    def matches(self, entry: CacheEntry) -> bool:
+        if self.provenance_source and entry.provenance_source != self.provenance_source:
+            return False
+        if self.provenance_version is not None and entry.provenance_version != self.provenance_version:
+            return False
+        return not self.query or _text_key(entry.query) == _text_key(self.query)
+
+
+@dataclass(frozen=True)
 class StoreItem:
     """One answer to store (``SemanticCache.store_many``)."""
 
@@ -785,6 +808,19 @@ class SemanticCache:
             self.entry_feed.cleared(namespace, cleared_at)
         return removed
 
+    def purge(self, namespace: str, match: EntryMatch) -> int:
+        """Remove the entries of ``namespace`` (every experiment and arm) that ``match`` names:
+        the answers of a source (and version) that changed, or one question's answers.
+        Replicated like a clear: the other replicas remove what matches and was created
+        before now. Returns how many were removed here."""
+        purged_at = self.clock()
+        removed = self._remove_where(lambda e: match.matches(e) and e.created_at <= purged_at,
+                                     [p for p in self.partitions() if p.key[0] == namespace])
+        self.sync_journal()
+        if self.entry_feed is not None:
+            self.entry_feed.purged(namespace, purged_at, match)
+        return removed
+
     # -- feedback (cache_core.feedback) --------------------------------------------------
 
     def apply_feedback(self, request_id: str, verdict: Verdict) -> str:
@@ -860,6 +896,14 @@ class SemanticCache:
         """Remove the entries of ``namespace`` created before ``cleared_at`` (a clear made on
         another replica; what was stored after it survives). Returns how many."""
         removed = self._remove_where(lambda e: e.created_at < cleared_at,
+                                     [p for p in self.partitions() if p.key[0] == namespace])
+        self.sync_journal()
+        return removed
+
+    def apply_replicated_purge(self, namespace: str, purged_at: float, match: EntryMatch) -> int:
+        """Remove the entries of ``namespace`` that ``match`` names and that were created
+        before ``purged_at`` (a purge made on another replica). Returns how many."""
+        removed = self._remove_where(lambda e: match.matches(e) and e.created_at < purged_at,
                                      [p for p in self.partitions() if p.key[0] == namespace])
         self.sync_journal()
         return removed

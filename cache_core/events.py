@@ -119,6 +119,14 @@ class ControlMessage(BaseModel):
     ts_ms: int = Field(default_factory=now_ms)
 
 
+class PurgeMatch(BaseModel):
+    """What a purge removes (``cache_core.cache.EntryMatch``), on the entries topic."""
+
+    provenance_source: str | None = None
+    provenance_version: str | None = None
+    query: str | None = None
+
+
 class ClusterModelPayload(BaseModel):
     """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic,
     or the model in use re-sent so the topic keeps it (a refresh, see cache_core.clusters)."""
@@ -152,9 +160,10 @@ class EntryMessage(BaseModel):
     created before it, on every replica. Cluster changes share one key."""
 
     schema_version: int = SCHEMA_VERSION
-    change: Literal["put", "clear", "drop", "cluster", "clusters"]
-    """put: an entry stored; clear: a namespace cleared; drop: an entry taken out of service by
-    feedback (``entry_id``); cluster: an intent cluster opened (``cluster_id``, centroid in
+    change: Literal["put", "clear", "purge", "drop", "cluster", "clusters"]
+    """put: an entry stored; clear: a namespace cleared; purge: a namespace's entries of one
+    provenance source (and version) or one question removed (``purge``); drop: an entry taken
+    out of service by feedback (``entry_id``); cluster: an intent cluster opened (``cluster_id``, centroid in
     ``embedding``); clusters: a retrained model (``clusters``)."""
     origin: str = Field(min_length=1)
     """Instance id of the replica that made the change."""
@@ -172,6 +181,7 @@ class EntryMessage(BaseModel):
     embedding: str | None = None
     """put: the L2-normalised embedding; cluster: the centroid (base64 of little-endian float32)."""
     entry_id: str | None = None
+    purge: PurgeMatch | None = None
     cluster_id: int | None = None
     clusters: ClusterModelPayload | None = None
 
@@ -181,6 +191,7 @@ class EntryMessage(BaseModel):
             "put": (self.entry is not None and self.embedding and self.experiment_id and self.arm_key
                     and self.namespace, "namespace, experiment_id, arm_key, entry and embedding"),
             "clear": (self.namespace, "a namespace"),
+            "purge": (self.namespace and self.purge is not None, "a namespace and purge"),
             "drop": (self.entry_id and self.experiment_id and self.arm_key and self.namespace,
                      "namespace, experiment_id, arm_key and entry_id"),
             "cluster": (self.cluster_id is not None and self.embedding, "cluster_id and embedding"),

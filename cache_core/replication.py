@@ -13,6 +13,10 @@ topic (``EntryFollower``), applying the others' changes:
 * a clear removes that namespace's entries created before it, so an entry stored on
   another replica after the clear survives, and one stored before it but delivered
   late is dropped.
+* a purge removes a namespace's entries of one provenance source (and version), or of
+  one question, created before it (``SemanticCache.purge``); like a clear, a matching entry
+  stored before it but delivered late is dropped (the last purges per namespace are kept
+  with the offsets).
 * a drop removes one entry that "wrong" feedback took out of service on the replica
   that served it (cache_core.feedback). It follows the entry's put in the topic: both
   are keyed by namespace, and the serving replica held the entry before it dropped it.
@@ -62,12 +66,14 @@ import logging
 import os
 import random
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from kafka import TopicPartition
 
 from cache_core.clusters import ClusterModel
-from cache_core.events import ClusterModelPayload, EntryMessage
+from cache_core.cache import EntryMatch, InvalidRequest
+from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch
 from cache_core.follower import TopicFollower
 from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings
@@ -76,9 +82,10 @@ from cache_core.settings import cluster_refresh_s as cluster_refresh_s_in_effect
 log = logging.getLogger(__name__)
 
 OFFSETS_FILE = "replication-offsets.json"
+PURGES_REMEMBERED = 64  # per namespace: a put created before one of them but delivered after it is dropped
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
-            "dropped", "clusters", "own", "other_model", "malformed")
+            "purges", "purged_before", "dropped", "clusters", "own", "other_model", "malformed")
 
 
 class EntryFeed:
@@ -103,6 +110,10 @@ class EntryFeed:
         namespace, experiment_id, arm_key = key
         self.publisher.publish_entry(EntryMessage(change="drop", origin=self.instance_id, namespace=namespace,
                                                   experiment_id=experiment_id, arm_key=arm_key, entry_id=entry_id))
+
+    def purged(self, namespace: str, purged_at: float, match: EntryMatch) -> None:
+        self.publisher.publish_entry(EntryMessage(change="purge", origin=self.instance_id, namespace=namespace,
+                                                  ts_ms=int(purged_at * 1000), purge=PurgeMatch(**asdict(match))))
 
     def cleared(self, namespace: str, cleared_at: float) -> None:
         self.publisher.publish_entry(EntryMessage(change="clear", origin=self.instance_id,
@@ -159,6 +170,7 @@ class EntryFollower(TopicFollower):
         self.model = model
         self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
         self._cleared_at: dict[str, float] = {}
+        self._purges: dict[str, list[tuple[float, EntryMatch]]] = {}  # recent purges, for late puts
         self._saved_at = float("-inf")
         self.cluster_refresh_s = cluster_refresh_s_in_effect(kafka, cluster_refresh_s)
         self.clock = clock or cache.clock
@@ -176,6 +188,8 @@ class EntryFollower(TopicFollower):
             if saved.get("topic") != self.topic:
                 return {}  # another topic's positions mean nothing here
             self._cleared_at = {ns: float(at) for ns, at in saved.get("cleared_at", {}).items()}
+            self._purges = {ns: [(float(at), EntryMatch(**match)) for at, match in purges]
+                            for ns, purges in saved.get("purges", {}).items()}
             return {TopicPartition(self.topic, int(p)): int(o) for p, o in saved["offsets"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("unreadable replication offsets, replaying the entries topic",
@@ -198,7 +212,8 @@ class EntryFollower(TopicFollower):
     def _save_offsets(self) -> None:
         self.cache.sync_journal()  # offsets may only move past what the write-ahead log holds durably
         body = {"topic": self.topic, "offsets": {str(tp.partition): o for tp, o in self.positions.items()},
-                "cleared_at": self._cleared_at}
+                "cleared_at": self._cleared_at,
+                "purges": {ns: [[at, asdict(match)] for at, match in purges] for ns, purges in self._purges.items()}}
         tmp = self.offsets_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(body))
         os.replace(tmp, self.offsets_path)
@@ -258,6 +273,8 @@ class EntryFollower(TopicFollower):
             # Also our own: it removes the other replicas' older entries that arrived after the local clear.
             self.cache.apply_replicated_clear(message.namespace, cleared_at)
             return "own" if own else "clears"
+        if message.change == "purge":  # also our own, as a clear
+            return "own" if own else self._apply_purge(message)
         if message.change == "drop":  # an entry feedback took out of service (cache_core.feedback)
             removed = self.cache.apply_replicated_drop(
                 (message.namespace, message.experiment_id, message.arm_key), message.entry_id)
@@ -277,7 +294,21 @@ class EntryFollower(TopicFollower):
             return "other_model"
         if entry.created_at < self._cleared_at.get(message.namespace, float("-inf")):
             return "cleared_before"
+        if any(entry.created_at < at and match.matches(entry) for at, match in self._purges.get(message.namespace, ())):
+            return "purged_before"
         return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)
+
+    def _apply_purge(self, message: EntryMessage) -> str:
+        try:
+            match = EntryMatch(**message.purge.model_dump())
+        except InvalidRequest:
+            return "malformed"
+        purged_at = message.ts_ms / 1000
+        purges = self._purges.setdefault(message.namespace, [])
+        purges.append((purged_at, match))
+        del purges[:-PURGES_REMEMBERED]
+        self.cache.apply_replicated_purge(message.namespace, purged_at, match)
+        return "purges"
 
     def _apply_open(self, message: EntryMessage) -> str:
         if message.model != self.model:

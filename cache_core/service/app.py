@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.ann_check import AnnChecker
-from cache_core.cache import InvalidRequest, SemanticCache, StoreItem
+from cache_core.cache import EntryMatch, InvalidRequest, SemanticCache, StoreItem
 from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
@@ -26,8 +26,8 @@ from cache_core.replication import EntryFollower, share
 from cache_core.service import chat
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import (ChatCompletionRequest, FeedbackRequest, LookupRequest,
-                                        LookupResponse, StoreBatchRequest, StoreBatchResponse, StoreRequest,
-                                        StoreResponse)
+                                        LookupResponse, PurgeRequest, StoreBatchRequest, StoreBatchResponse,
+                                        StoreRequest, StoreResponse)
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -437,4 +437,17 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         removed = cache.clear_namespace(namespace)
         metrics.admin.labels("clear_namespace").inc()
         log.info("namespace cleared", extra={"namespace": namespace, "removed": removed})
+        return {"namespace": namespace, "removed": removed}
+
+    @app.post("/v1/admin/namespaces/{namespace}/purge")
+    def purge_namespace(namespace: str, body: PurgeRequest, request: Request):
+        """Remove the answers of a provenance source (a document that changed), optionally of one
+        version, or of one question, from every store of the namespace, on every replica."""
+        denied = _admin_check(settings, request)
+        if denied is not None:
+            return denied
+        match = EntryMatch(body.provenance_source, body.provenance_version, body.query)
+        removed = cache.purge(namespace, match)
+        metrics.admin.labels("purge").inc()
+        log.info("namespace purged", extra={"namespace": namespace, "removed": removed, **body.model_dump()})
         return {"namespace": namespace, "removed": removed}

@@ -48,6 +48,14 @@ class StoreBatchRequest(_Strict):
     every_arm: bool = False
 
 
+class PurgeRequest(_Strict):
+    """``POST /v1/admin/namespaces/{namespace}/purge``: at least a source or a query."""
+
+    provenance_source: str | None = Field(None, min_length=1, max_length=256)
+    provenance_version: str | None = Field(None, max_length=128)
+    query: str | None = Field(None, min_length=1)
+
+
 class FeedbackRequest(_Strict):
     request_id: str = Field(min_length=1, max_length=128)
     verdict: Literal["correct", "wrong"]
