@@ -190,6 +190,8 @@ class OnlineClusters:
         self._opened_at_ms: dict[int, int] = {}  # opened or adopted since the last model
         self._opens: dict[int, _Open] = {}  # recent opens with an origin (see "Concurrent opens")
         self._merged: dict[int, int] = {}  # loser -> survivor, oldest first
+        self.merges: dict[str, int] = {}
+        """Merges made here since start, by reason (concurrent_open, retrain)."""
         self._id_rng = random.SystemRandom()
         self._unannounced: set[int] = set()  # opened here, open not yet handed to the listener
 
@@ -483,6 +485,7 @@ class OnlineClusters:
         return cluster
 
     def _note_merge(self, loser: int, survivor: int, reason: str) -> None:
+        self.merges[reason] = self.merges.get(reason, 0) + 1
         self._merged[loser] = survivor
         while len(self._merged) > MERGED_MAX:
             del self._merged[next(iter(self._merged))]

@@ -94,6 +94,11 @@ class _ScrapeTimeGauges:
         clusters = GaugeMetricFamily("scache_intent_clusters", "Intent clusters in use")
         clusters.add_metric([], float(len(self.cache.clusters)))
         yield clusters
+        merges = CounterMetricFamily("scache_intent_cluster_merges", "Intent clusters merged into another "
+                                     "(one intent under two ids), by reason", labels=["reason"])
+        for reason in ("concurrent_open", "retrain"):
+            merges.add_metric([reason], float(self.cache.clusters.merges.get(reason, 0)))
+        yield merges
         if self.persistence_stats is not None:
             for name, value in self.persistence_stats().items():
                 gauge = GaugeMetricFamily(f"scache_persistence_{name}", f"Snapshots and log: {name}")
@@ -116,6 +121,10 @@ class _ScrapeTimeGauges:
         for outcome in OUTCOMES + ("handler_errors",):
             messages.add_metric([outcome], float(stats.get(outcome, 0)))
         yield messages
+        refreshes = CounterMetricFamily("scache_replication_cluster_refreshes",
+                                        "Cluster models re-sent so the entries topic keeps them within its retention")
+        refreshes.add_metric([], float(stats.get("cluster_refreshes", 0)))
+        yield refreshes
         caught_up = GaugeMetricFamily("scache_replication_caught_up",
                                       "1 once the entries topic present at start has been applied")
         caught_up.add_metric([], float(stats["caught_up"]))

@@ -210,7 +210,9 @@ def test_two_service_processes_share_entries(kafka_settings, cache_service_facto
     assert lookup["intent_cluster"] == stored.json()["intent_cluster"]
     replication = second.get("/healthz").json()["replication"]
     assert replication["caught_up"] and replication["applied"] == 1 and replication["clusters"] >= 1
-    assert 'scache_replication_messages_total{outcome="applied"} 1.0' in second.get("/metrics").text
+    metrics = second.get("/metrics").text
+    assert 'scache_replication_messages_total{outcome="applied"} 1.0' in metrics
+    assert "scache_replication_cluster_refreshes_total 0.0" in metrics
     assert first.get("/healthz").json()["replication"]["applied"] == 0  # its own entry came back as own
     assert second.get("/readyz").json() == {"ready": True}  # control and entries topics replayed
 

@@ -55,6 +55,7 @@ def test_one_intent_opened_on_two_replicas_at_once_ends_as_one_id_on_both():
 
     assert a.ids() == b.ids() == [survivor]
     assert a.merged_ids == b.merged_ids == {loser: survivor}
+    assert a.merges == b.merges == {"concurrent_open": 1}
     assert a.assign(PIN_PARAPHRASE) == b.assign(PIN) == survivor
     assert sum(_counts(a).values()) == 5 + (loser == id_a)  # a's 4 and the paraphrase (+ b's open, if it won)
     assert _deliver(opens_b + opens_a, a) == [False, False]  # redelivered: nothing comes back

@@ -64,6 +64,7 @@ def test_metrics_and_experiments_and_health(api):
     text = api.get("/metrics").text
     assert 'scache_requests_total{arm=' in text and "scache_lookup_latency_seconds_bucket" in text
     assert "scache_publisher_queue_depth 0.0" in text and "scache_publisher_dropped" in text
+    assert 'scache_intent_cluster_merges_total{reason="concurrent_open"} 0.0' in text
     experiments = api.get("/v1/experiments").json()["experiments"]
     assert experiments[0]["experiment_id"] == "threshold-ab" and experiments[0]["version"] == 1
     assert api.get("/healthz").json()["status"] == "ok"
