@@ -116,12 +116,10 @@ def send(client: httpx.Client, items: list[dict], batch: int, every_arm: bool, s
             try:
                 response = client.post("/v1/store/batch", json={"items": chunk, "every_arm": every_arm})
             except httpx.HTTPError as exc:
-                raise SeedAborted(f"the cache did not answer ({exc}); records 0-{sent - 1} are stored, "
-                                f"resume with --skip {sent}") from None
+                raise SeedAborted(f"the cache did not answer ({exc}); {_stored_so_far(sent)}") from None
             if response.status_code != 200:
                 raise SeedAborted(f"the cache refused records {start}-{start + len(chunk) - 1} "
-                                f"({response.status_code}: {_detail(response)}); records before them are stored, "
-                                f"resume with --skip {start}")
+                                  f"({response.status_code}: {_detail(response)}); {_stored_so_far(start)}")
             for per_item in response.json()["results"]:
                 for result in per_item:
                     reasons[result["reason"]] = reasons.get(result["reason"], 0) + 1
@@ -129,6 +127,12 @@ def send(client: httpx.Client, items: list[dict], batch: int, every_arm: bool, s
             sent = start + len(chunk)
             bar.update(len(chunk))
     return reasons, stored
+
+
+def _stored_so_far(sent: int) -> str:
+    if not sent:
+        return "nothing was stored"
+    return f"records 0-{sent - 1} are stored, resume with --skip {sent}"
 
 
 def _detail(response: httpx.Response) -> str:
