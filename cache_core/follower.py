@@ -2,13 +2,14 @@
 
 No consumer group: every instance must see every record, so none may take partitions
 from another. A follower assigns itself all the topic's partitions, starts where
-``start_offsets`` says (default: the beginning; or the end, ``start_at_end``), reads up to the end offsets it found
-at connect time (``wait_caught_up``), then keeps following. If the broker is down, at
-start or later, it retries with backoff and resumes where it was. Subclasses handle
-the records (``handle``, in topic order per partition) and may act after each polled
-batch (``after_batch``) or after every poll, records or not (``after_poll``). The control listener (cache_core.control) and the entries
-follower (cache_core.replication) replay; the feedback follower (cache_core.feedback)
-starts at the end.
+``start_offsets`` says (default: the beginning; or the end, ``start_at_end``), reads up
+to the end offsets it found at connect time (``wait_caught_up``), then keeps following.
+If the broker is down, at start or later, it retries with backoff and resumes where it
+was. Subclasses handle the records (``handle``, in topic order per partition; ``parse``
+reads one as a message) and may act after each polled batch (``after_batch``) or after
+every poll, records or not (``after_poll``). The control listener (cache_core.control)
+and the entries follower (cache_core.replication) replay their topics; the feedback
+follower (cache_core.feedback) starts at the end.
 """
 from __future__ import annotations
 
