@@ -420,9 +420,12 @@ class OnlineClusters:
                 else:
                     self._drop(loser)
             changed = True
-        while len(self._merged) > MERGED_MAX:
-            del self._merged[next(iter(self._merged))]
+        self._trim_merged()
         return changed
+
+    def _trim_merged(self) -> None:
+        while len(self._merged) > MERGED_MAX:  # the oldest go first
+            del self._merged[next(iter(self._merged))]
 
     def _drop(self, cluster: int) -> None:
         keep = [r for r, cid in enumerate(self._ids) if cid != cluster]
@@ -487,8 +490,7 @@ class OnlineClusters:
     def _note_merge(self, loser: int, survivor: int, reason: str) -> None:
         self.merges[reason] = self.merges.get(reason, 0) + 1
         self._merged[loser] = survivor
-        while len(self._merged) > MERGED_MAX:
-            del self._merged[next(iter(self._merged))]
+        self._trim_merged()
         log.info("intent clusters merged", extra={"loser": loser, "survivor": survivor, "reason": reason,
                                                   "origin": self.origin})
 
@@ -497,14 +499,8 @@ class OnlineClusters:
         row, into = self._ids.index(loser), self._ids.index(survivor)
         self._sums[into] += self._sums[row]
         self._counts[into] += self._counts[row]
-        norm = np.linalg.norm(self._sums[into])
-        if norm > 0:
-            self._centroids[into] = self._sums[into] / norm
-        keep = [r for r in range(len(self._ids)) if r != row]
-        self._ids = [self._ids[r] for r in keep]
-        self._centroids, self._sums = self._centroids[keep], self._sums[keep]
-        self._counts = [self._counts[r] for r in keep]
-        self._opened_at_ms.pop(loser, None)
+        self._recentre(into)
+        self._drop(loser)
 
     def _append(self, cluster: int, vec: np.ndarray) -> None:
         self._ids.append(cluster)
@@ -515,6 +511,10 @@ class OnlineClusters:
     def _move(self, row: int, vec: np.ndarray) -> None:
         self._sums[row] += vec
         self._counts[row] += 1
+        self._recentre(row)
+
+    def _recentre(self, row: int) -> None:
+        """The centroid at ``row``: its running sum, re-normalised."""
         norm = np.linalg.norm(self._sums[row])
         if norm > 0:
             self._centroids[row] = self._sums[row] / norm
