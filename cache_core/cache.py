@@ -814,9 +814,7 @@ class SemanticCache:
         Replicated like a clear: the other replicas remove what matches and was created
         before now. Returns how many were removed here."""
         purged_at = self.clock()
-        removed = self._remove_where(lambda e: match.matches(e) and e.created_at <= purged_at,
-                                     [p for p in self.partitions() if p.key[0] == namespace])
-        self.sync_journal()
+        removed = self._remove_in_namespace(namespace, lambda e: match.matches(e) and e.created_at <= purged_at)
         if self.entry_feed is not None:
             self.entry_feed.purged(namespace, purged_at, match)
         return removed
@@ -895,18 +893,12 @@ class SemanticCache:
     def apply_replicated_clear(self, namespace: str, cleared_at: float) -> int:
         """Remove the entries of ``namespace`` created before ``cleared_at`` (a clear made on
         another replica; what was stored after it survives). Returns how many."""
-        removed = self._remove_where(lambda e: e.created_at < cleared_at,
-                                     [p for p in self.partitions() if p.key[0] == namespace])
-        self.sync_journal()
-        return removed
+        return self._remove_in_namespace(namespace, lambda e: e.created_at < cleared_at)
 
     def apply_replicated_purge(self, namespace: str, purged_at: float, match: EntryMatch) -> int:
         """Remove the entries of ``namespace`` that ``match`` names and that were created
         before ``purged_at`` (a purge made on another replica). Returns how many."""
-        removed = self._remove_where(lambda e: match.matches(e) and e.created_at < purged_at,
-                                     [p for p in self.partitions() if p.key[0] == namespace])
-        self.sync_journal()
-        return removed
+        return self._remove_in_namespace(namespace, lambda e: match.matches(e) and e.created_at < purged_at)
 
     def apply_replicated_drop(self, key: tuple[str, str, str], entry_id: str) -> bool:
         """Remove an entry another replica invalidated (False: not here)."""
@@ -954,6 +946,12 @@ class SemanticCache:
         """Remove entries that are no longer alive (after a restore); returns how many."""
         now = self.clock()
         return self._remove_where(lambda e: not e.alive(now), self.partitions())
+
+    def _remove_in_namespace(self, namespace: str, matches: Callable[[CacheEntry], bool]) -> int:
+        """Remove the entries of ``namespace`` that ``matches``, durably; returns how many."""
+        removed = self._remove_where(matches, [p for p in self.partitions() if p.key[0] == namespace])
+        self.sync_journal()
+        return removed
 
     @staticmethod
     def _remove_where(matches: Callable[[CacheEntry], bool], partitions: list[Partition]) -> int:

@@ -294,7 +294,8 @@ class EntryFollower(TopicFollower):
             return "other_model"
         if entry.created_at < self._cleared_at.get(message.namespace, float("-inf")):
             return "cleared_before"
-        if any(entry.created_at < at and match.matches(entry) for at, match in self._purges.get(message.namespace, ())):
+        purges = self._purges.get(message.namespace, ())
+        if any(entry.created_at < at and match.matches(entry) for at, match in purges):
             return "purged_before"
         return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)
 
