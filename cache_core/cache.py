@@ -120,7 +120,8 @@ class CacheEntry:
     """LRU passes over it while alive (near-duplicate tier)."""
     approx_bytes: int = 0
     wrong_units: set[str] = field(default_factory=set)
-    """Units whose hits on it got a "wrong" verdict (this replica's, not persisted; cache_core.feedback)."""
+    """Units whose hits on it got a "wrong" verdict, on any replica (votes travel the entries topic);
+    persisted in the snapshot and the log (cache_core.feedback)."""
 
     def expires_at(self) -> float:
         lifetime = self.ttl_s + self.grace_s
@@ -459,6 +460,17 @@ class Partition:
             if len(index) == 0 and scope_key:
                 del self.indexes[scope_key]  # conversations end; do not keep their indexes
         return entry
+
+    def vote(self, entry_id: str, unit_id: str) -> tuple[CacheEntry | None, bool]:
+        """Count ``unit_id``'s "wrong" against the entry: (the entry or None, whether the unit is new).
+        Idempotent (a set); a new vote is logged."""
+        entry = self.entries.get(entry_id)
+        if entry is None or unit_id in entry.wrong_units:
+            return entry, False
+        entry.wrong_units.add(unit_id)
+        if self.journal is not None:
+            self.journal.record_vote(self.key, entry_id, unit_id)
+        return entry, True
 
     def has_room(self, extra_bytes: int) -> bool:
         return (len(self.entries) < self.capacity_entries
@@ -823,8 +835,9 @@ class SemanticCache:
 
     def apply_feedback(self, request_id: str, verdict: Verdict) -> str:
         """Count a verdict on a hit served here; at the arm's ``invalidate_after_wrong``
-        "wrong" verdicts the entry is removed here and (with replication) on the other
-        replicas. Returns the outcome (cache_core.feedback.OUTCOMES); those of hits served
+        units saying "wrong" (counted across replicas: with replication a vote that does not
+        remove the entry goes to the others, ``apply_replicated_vote``) the entry is removed
+        here and (a drop) on the other replicas. Returns the outcome (cache_core.feedback.OUTCOMES); those of hits served
         here are counted per experiment and arm in ``feedback_outcomes``. "unknown" is not:
         every replica sees every verdict, most of them on the others' hits."""
         hit = self.served.settle(request_id)
@@ -839,30 +852,33 @@ class SemanticCache:
     def _judge(self, hit: ServedHit, request_id: str, verdict: Verdict) -> str:
         if verdict != "wrong":
             return "correct"
-        limit = self._invalidate_after(hit)
+        limit = self._invalidate_after(hit.experiment_id, hit.arm)
         partition = self._partitions.get(hit.key)
         if partition is None:
             return "gone"
         with partition.lock:
-            entry = partition.entries.get(hit.entry_id)
+            entry, new_vote = partition.vote(hit.entry_id, hit.unit_id)
             if entry is None:
                 return "gone"
-            entry.wrong_units.add(hit.unit_id)
-            if not limit:
-                return "kept"
-            if len(entry.wrong_units) < limit:
-                return "counted"
-            partition.remove(hit.entry_id)
+            invalidated = bool(limit) and len(entry.wrong_units) >= limit
+            if invalidated:
+                partition.remove(hit.entry_id)
+        if not invalidated:
+            # The other replicas count it too (their own hits' votes come back the same way),
+            # so the arm's limit is reached by units served anywhere, not per replica.
+            if new_vote and self.entry_feed is not None:
+                self.entry_feed.voted(hit.key, hit.entry_id, hit.unit_id, hit.arm)
+            return "counted" if limit else "kept"
         self.sync_journal()
         log_invalidation(hit, request_id, len(entry.wrong_units))
         if self.entry_feed is not None:
             self.entry_feed.dropped(hit.key, hit.entry_id)
         return "invalidated"
 
-    def _invalidate_after(self, hit: ServedHit) -> int:
+    def _invalidate_after(self, experiment_id: str, arm: str) -> int:
         """The arm's ``invalidate_after_wrong`` as configured now (1 if the arm is gone)."""
         try:
-            return self.registry.get(hit.experiment_id).arm(hit.arm).invalidate_after_wrong
+            return self.registry.get(experiment_id).arm(arm).invalidate_after_wrong
         except (KeyError, UnknownExperiment):
             return ArmConfig(name="gone").invalidate_after_wrong
 
@@ -911,6 +927,29 @@ class SemanticCache:
             self.sync_journal()
         return removed
 
+    def apply_replicated_vote(self, key: tuple[str, str, str], entry_id: str, unit_id: str,
+                              experiment_id: str, arm: str) -> str:
+        """Count a "wrong" verdict another replica resolved (or this one's, come back): at the
+        serving arm's ``invalidate_after_wrong`` units the entry is removed here, durably. No drop
+        is sent: every replica counts the same votes. Returns "votes" (counted), "voted_out"
+        (removed now) or "duplicate" (the unit counted already, or the entry is not here)."""
+        partition = self._partitions.get(key)
+        if partition is None:
+            return "duplicate"
+        limit = self._invalidate_after(experiment_id, arm)
+        with partition.lock:
+            entry, new_vote = partition.vote(entry_id, unit_id)
+            if not new_vote:
+                return "duplicate"
+            if not limit or len(entry.wrong_units) < limit:
+                return "votes"
+            partition.remove(entry_id)
+        self.sync_journal()
+        log.info("entry invalidated by feedback votes", extra={
+            "namespace": key[0], "experiment_id": experiment_id, "arm": arm, "entry_id": entry_id,
+            "wrong_units": len(entry.wrong_units)})
+        return "voted_out"
+
     def sync_journal(self) -> None:
         """Make every change logged so far durable (no-op without persistence)."""
         if self.journal is not None:
@@ -936,6 +975,12 @@ class SemanticCache:
         if partition is not None:
             with partition.lock:
                 partition.remove(entry_id)
+
+    def restore_vote(self, key: tuple[str, str, str], entry_id: str, unit_id: str) -> None:
+        partition = self._partitions.get(key)
+        if partition is not None:
+            with partition.lock:
+                partition.vote(entry_id, unit_id)
 
     def restore_clear(self, namespace: str) -> None:
         with self._partitions_lock:

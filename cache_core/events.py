@@ -127,6 +127,16 @@ class PurgeMatch(BaseModel):
     query: str | None = None
 
 
+class WrongVote(BaseModel):
+    """A unit's "wrong" verdict on an entry (cache_core.feedback), on the entries topic, so every
+    replica counts it toward the entry's removal."""
+
+    unit_id: str = Field(min_length=1)
+    arm: str = Field(min_length=1)
+    """The arm that served the hit: its ``invalidate_after_wrong`` is the limit (a shared store
+    serves several arms)."""
+
+
 class ClusterModelPayload(BaseModel):
     """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic,
     or the model in use re-sent so the topic keeps it (a refresh, see cache_core.clusters)."""
@@ -157,13 +167,18 @@ class EntryMessage(BaseModel):
     """One change to a cache replica's entries or intent clusters, produced to the entries
     topic for the other replicas to apply (``cache_core.replication``). Entry changes are
     keyed by namespace, so one namespace's changes stay in order; a clear removes what was
-    created before it, on every replica. Cluster changes share one key."""
+    created before it, on every replica. Cluster changes share one key.
+
+    New changes are added without bumping ``SCHEMA_VERSION`` (they are additive): a replica
+    that predates one fails to parse it, counts it ``malformed``, logs it and reads on (so a
+    replica from before "vote" keeps counting only its own verdicts, as it always did)."""
 
     schema_version: int = SCHEMA_VERSION
-    change: Literal["put", "clear", "purge", "drop", "cluster", "clusters"]
+    change: Literal["put", "clear", "purge", "drop", "vote", "cluster", "clusters"]
     """put: an entry stored; clear: a namespace cleared; purge: a namespace's entries of one
     provenance source (and version) or one question removed (``purge``); drop: an entry taken
-    out of service by feedback (``entry_id``); cluster: an intent cluster opened (``cluster_id``, centroid in
+    out of service by feedback (``entry_id``); vote: a unit's "wrong" verdict on an entry that stays
+    in service for now (``entry_id``, ``vote``); cluster: an intent cluster opened (``cluster_id``, centroid in
     ``embedding``); clusters: a retrained model (``clusters``)."""
     origin: str = Field(min_length=1)
     """Instance id of the replica that made the change."""
@@ -182,6 +197,7 @@ class EntryMessage(BaseModel):
     """put: the L2-normalised embedding; cluster: the centroid (base64 of little-endian float32)."""
     entry_id: str | None = None
     purge: PurgeMatch | None = None
+    vote: WrongVote | None = None
     cluster_id: int | None = None
     clusters: ClusterModelPayload | None = None
 
@@ -194,6 +210,8 @@ class EntryMessage(BaseModel):
             "purge": (self.namespace and self.purge is not None, "a namespace and purge"),
             "drop": (self.entry_id and self.experiment_id and self.arm_key and self.namespace,
                      "namespace, experiment_id, arm_key and entry_id"),
+            "vote": (self.entry_id and self.experiment_id and self.arm_key and self.namespace
+                     and self.vote is not None, "namespace, experiment_id, arm_key, entry_id and vote"),
             "cluster": (self.cluster_id is not None and self.embedding, "cluster_id and embedding"),
             "clusters": (self.clusters is not None, "clusters"),
         }[self.change]

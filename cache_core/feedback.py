@@ -11,22 +11,47 @@ on being served to every paraphrase until its TTL ran out. Now:
   log and, with replication, dropped on the other replicas too (an entries-topic "drop").
   Counting units, not verdicts, keeps one user from taking out an entry that a higher
   setting asks several users to flag;
+* the units are counted fleet-wide: a "wrong" that does not remove the entry yet goes to
+  the entries topic as a "vote" (entry, unit, serving arm), and every replica adds the unit
+  to the entry's ``wrong_units`` (a set: the own echo and redeliveries count once) and
+  removes the entry itself when the count reaches the limit (``apply_replicated_vote``,
+  counted ``voted_out``). So with a limit of 2, one user served by replica A and another
+  served by replica B take the entry out everywhere. A drop that finds the entry removed by
+  votes already is counted ``duplicate``, as is a vote on an entry that is gone;
 * feedback may reach any replica behind a load balancer, not the one that served the
   hit. So the replica that takes ``POST /v1/feedback`` applies it at once if it served
   the request, and every replica follows the feedback topic (``FeedbackFollower``) for
   the verdicts the others took. Each request's verdict counts once: at-least-once
   redelivery and the topic copy of a verdict applied locally find it already settled.
 
-Scope and limits: only hits served by a live process can be traced (the map is in memory
-and starts empty, so the follower starts at the topic's end); a later "correct" does not
-bring back an entry a "wrong" removed; verdict counts are not persisted or replicated.
+Restarts. ``wrong_units`` are persisted with the entry (snapshot meta, and a "vote" record
+in the write-ahead log), so a restart keeps partial counts. With persistence, a graceful
+stop (``FeedbackFollower.stop``) also writes the served-hit map and the follower's offsets
+to ``feedback-state.json`` beside the log (at most ``feedback_memory`` hits; temporary file,
+fsync, rename); the next start reads it (and deletes it: it describes one stop), restores
+the map and resumes the feedback topic from those offsets, so verdicts posted while the
+replica was down are applied to the hits it served before. A file older than
+``SCACHE_CACHE__FEEDBACK_RESUME_MAX_AGE_S`` (capped by the feedback topic's retention,
+``SCACHE_KAFKA__EVENTS_RETENTION_MS``) is discarded: the follower starts at the topic's end
+with an empty map, as it does with no file (first start, a crash, or no persistence). A
+crash loses the map: only hits served by a live or gracefully stopped process can be
+traced. Re-reading a verdict that was applied before the stop is harmless (the hit is
+settled, or its unit is in the set already).
+
+Scope and limits: a later "correct" does not bring back an entry a "wrong" removed; a
+replica from before votes (schema change "vote") skips them as malformed and counts only
+its own hits' verdicts; the limit applied is the serving arm's as configured on each
+replica when the vote arrives.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 from kafka import TopicPartition
 
@@ -36,6 +61,7 @@ from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
+STATE_FILE = "feedback-state.json"
 OUTCOMES = ("invalidated", "counted", "correct", "kept", "gone", "unknown")
 """What a verdict did: removed its entry / counted toward removal / a correct verdict / the arm
 does not invalidate / the entry was already gone / the request was not a hit served here."""
@@ -76,24 +102,121 @@ class ServedHits:
         with self._lock:
             return self._hits.pop(request_id, None)
 
+    def export(self) -> list[list]:
+        """Every remembered hit, oldest first, as JSON-ready rows (``restore`` reads them)."""
+        with self._lock:
+            return [[request_id, list(hit.key), hit.experiment_id, hit.arm, hit.entry_id, hit.unit_id]
+                    for request_id, hit in self._hits.items()]
+
+    def restore(self, rows: list[list]) -> int:
+        """Remember ``export``'s rows (the newest ``capacity`` of them) before what is remembered
+        now; returns how many. Raises ValueError / TypeError on a row that is not one."""
+        hits = []
+        for request_id, key, experiment_id, arm, entry_id, unit_id in rows[-self.capacity:] if self.capacity else ():
+            namespace, experiment, arm_key = key
+            fields = (request_id, namespace, experiment, arm_key, experiment_id, arm, entry_id, unit_id)
+            if not all(isinstance(f, str) for f in fields):
+                raise TypeError("a served hit's fields are strings")
+            hits.append((request_id, ServedHit((namespace, experiment, arm_key), experiment_id, arm,
+                                               entry_id, unit_id)))
+        with self._lock:
+            now = list(self._hits.items())
+            self._hits = OrderedDict(hits)
+            for request_id, hit in now:
+                self._hits[request_id] = hit
+            while len(self._hits) > self.capacity:
+                self._hits.popitem(last=False)
+        return len(hits)
+
 
 class FeedbackFollower(TopicFollower):
-    """Applies the verdicts on the feedback topic to ``cache`` (see the module docstring)."""
+    """Applies the verdicts on the feedback topic to ``cache`` (see the module docstring).
+
+    ``state_dir`` (the persistence directory; None: nothing kept): a graceful ``stop`` saves the
+    served hits and offsets there and ``start`` resumes from them, if they are at most
+    ``max_age_s`` old (capped by the topic's retention) by ``clock`` (default: the cache's)."""
 
     thread_name = "scache-feedback"
 
-    def __init__(self, kafka: KafkaSettings, cache, *, poll_timeout_s: float = 0.5, retry_s: float = 1.0):
+    def __init__(self, kafka: KafkaSettings, cache, *, state_dir: Path | None = None,
+                 max_age_s: float = 3600.0, clock=None, poll_timeout_s: float = 0.5, retry_s: float = 1.0):
         super().__init__(kafka, kafka.feedback_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
-                         counters=(*OUTCOMES, "malformed"))
+                         counters=(*OUTCOMES, "malformed", "restored_hits", "resumed"))
         self.cache = cache
+        self.state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
+        self.max_age_s = min(max_age_s, kafka.events_retention_ms / 1000)  # older offsets may be gone
+        self.clock = clock or cache.clock
+        self._resume_at: dict[TopicPartition, int] = {}
+
+    def start(self):
+        if self._thread is None:
+            self._restore_state()  # before the thread: it starts from these offsets
+        return super().start()
+
+    def start_offsets(self) -> dict[TopicPartition, int]:
+        return dict(self._resume_at)
 
     def start_at_end(self) -> bool:
-        return True  # the hits this process can trace were all served after it started
+        # Without saved offsets, the hits this process can trace were all served after it started.
+        return True
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        super().stop(timeout_s)
+        if self.state_path is not None and self._thread is not None and not self.stats()["alive"]:
+            try:
+                self.save_state()
+            except OSError:  # the next start begins at the topic's end, as after a crash
+                log.exception("saving the feedback state failed", extra={"path": str(self.state_path)})
 
     def handle(self, record, tp: TopicPartition) -> None:
         event = self.parse(FeedbackEvent, record, tp)
         if event is not None:
             self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
+
+    # -- state across a graceful restart -----------------------------------------------
+
+    def save_state(self) -> Path:
+        """Write the served hits and the offsets read so far (temporary file, fsync, rename)."""
+        body = {"topic": self.topic, "saved_at": self.clock(),
+                "offsets": {str(tp.partition): offset for tp, offset in self.positions.items()},
+                "hits": self.cache.served.export()}
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(body, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+        dir_fd = os.open(self.state_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        log.info("feedback state saved", extra={"path": str(self.state_path), "hits": len(body["hits"]),
+                                                "offsets": body["offsets"]})
+        return self.state_path
+
+    def _restore_state(self) -> None:
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            saved = json.loads(self.state_path.read_text())
+            age_s = self.clock() - float(saved["saved_at"])
+            if saved.get("topic") != self.topic:
+                log.warning("feedback state of another topic ignored", extra={"path": str(self.state_path)})
+            elif age_s > self.max_age_s:
+                log.warning("feedback state too old, starting at the topic's end", extra={
+                    "path": str(self.state_path), "age_s": round(age_s, 1), "max_age_s": self.max_age_s})
+            else:
+                offsets = {TopicPartition(self.topic, int(p)): int(o) for p, o in saved["offsets"].items()}
+                self._counts["restored_hits"] = self.cache.served.restore(saved["hits"])
+                self._resume_at, self._counts["resumed"] = offsets, 1
+                log.info("feedback state restored", extra={
+                    "hits": self._counts["restored_hits"], "offsets": saved["offsets"], "age_s": round(age_s, 1)})
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            log.warning("unreadable feedback state, starting at the topic's end",
+                        extra={"path": str(self.state_path), "error": str(exc)})
+        # It describes one stop: a later crash must not resume from it (the map would be stale).
+        self.state_path.unlink(missing_ok=True)
 
 
 def log_invalidation(hit: ServedHit, request_id: str, wrong_units: int) -> None:

@@ -9,7 +9,7 @@ was. Subclasses handle the records (``handle``, in topic order per partition; ``
 reads one as a message) and may act after each polled batch (``after_batch``) or after
 every poll, records or not (``after_poll``). The control listener (cache_core.control)
 and the entries follower (cache_core.replication) replay their topics; the feedback
-follower (cache_core.feedback) starts at the end.
+follower (cache_core.feedback) starts at the end, or where a graceful stop left it.
 """
 from __future__ import annotations
 

@@ -4,9 +4,12 @@ Layout under the snapshot directory (one process owns it; an flock enforces that
 
 * ``wal-00000007.log`` — log segments. One record per line,
   ``<crc32 hex> <json>``: ``put`` (partition key, entry metadata, embedding as
-  base64 float32), ``remove`` (key, entry id) or ``clear`` (namespace).
+  base64 float32), ``remove`` (key, entry id), ``clear`` (namespace) or ``vote``
+  (key, entry id, unit: a "wrong" verdict counted toward the entry's removal,
+  cache_core.feedback).
 * ``snap-00000007/`` — a snapshot: ``entries.npy`` (n x dim float32),
-  ``entries.json`` (partition key + metadata per row, in LRU order) and the
+  ``entries.json`` (partition key + metadata per row, in LRU order, with the
+  units that said "wrong" of it, ``wrong_units``, when there are any) and the
   intent clusters (``clusters.npy`` / ``clusters.json``).
 * ``CURRENT`` — names the latest complete snapshot and the first log segment
   that must be replayed after it (written by atomic rename).
@@ -15,13 +18,17 @@ Durability contract: a store is acknowledged only after its ``put`` record is
 written *and fsynced* (``Journal.sync`` before the HTTP response). Removals
 (expiry, eviction) are written but not fsynced: the OS keeps them across a
 process crash, and losing one to a power cut only brings back an entry that
-expiry or eviction removes again. Namespace clears are fsynced.
+expiry or eviction removes again. Namespace clears are fsynced. Votes are written
+and become durable with the next sync (a store, a removal by feedback, or the
+entries follower's offsets, which never move past what the log holds durably).
 
 Snapshot: rotate to a new log segment, copy every partition under its lock,
 write the files to a temporary directory, fsync, rename, switch ``CURRENT``, then
 delete older segments and snapshots. Records in the new segment may already be
 in the snapshot; replay is idempotent (a put replaces the entry with that id, a
-remove of a missing id is a no-op), so that is harmless.
+remove of a missing id is a no-op, a vote adds a unit to a set), so that is harmless.
+A snapshot or log from before votes were persisted has no ``wrong_units`` and no
+vote records: its entries load with none.
 
 Restore: load the snapshot, replay the segments from ``CURRENT`` on (a torn
 last line — a write that was never acknowledged — ends its segment), drop
@@ -63,13 +70,27 @@ _ENTRY_FIELDS = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_poli
 
 
 def entry_meta(entry) -> dict:
+    """The fields an entry is replicated with (a put on the entries topic)."""
     return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+
+
+def persisted_meta(entry) -> dict:
+    """``entry_meta`` plus its ``wrong_units`` when it has any: kept on disk, but not sent in a
+    put, whose fields a replica that predates them would refuse (an unknown field is malformed)."""
+    meta = entry_meta(entry)
+    if entry.wrong_units:
+        meta["wrong_units"] = sorted(entry.wrong_units)
+    return meta
 
 
 def entry_from_meta(meta: dict, embedding: np.ndarray):
     from cache_core.cache import CacheEntry  # late: cache imports this module's users
 
-    return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), **meta)
+    meta = dict(meta)
+    wrong_units = set(meta.pop("wrong_units", None) or ())  # absent before votes were persisted
+    if not all(isinstance(unit, str) for unit in wrong_units):
+        raise TypeError("wrong_units must be unit ids")
+    return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), wrong_units=wrong_units, **meta)
 
 
 def encode_vec(vec: np.ndarray) -> str:
@@ -150,7 +171,7 @@ class Journal:
         self._suspended = False
 
     def record_put(self, key: tuple[str, str, str], entry) -> None:
-        self._append({"op": "put", "key": list(key), "entry": entry_meta(entry),
+        self._append({"op": "put", "key": list(key), "entry": persisted_meta(entry),
                       "vec": encode_vec(entry.embedding)})
 
     def record_remove(self, key: tuple[str, str, str], entry_id: str) -> None:
@@ -158,6 +179,9 @@ class Journal:
 
     def record_clear(self, namespace: str) -> None:
         self._append({"op": "clear", "namespace": namespace})
+
+    def record_vote(self, key: tuple[str, str, str], entry_id: str, unit_id: str) -> None:
+        self._append({"op": "vote", "key": list(key), "id": entry_id, "unit": unit_id})
 
     def sync(self) -> None:
         """fsync the current segment if anything was written since the last sync."""
@@ -338,7 +362,7 @@ class Persistence:
             with partition.lock:
                 for entry in partition.entries.values():  # LRU order: least recent first
                     keys.append(list(partition.key))
-                    metas.append(entry_meta(entry))
+                    metas.append(persisted_meta(entry))
                     vecs.append(entry.embedding)
         return keys, metas, vecs
 
@@ -430,6 +454,8 @@ class Persistence:
                     cache.restore_remove(tuple(record["key"]), record["id"])
                 elif op == "clear":
                     cache.restore_clear(record["namespace"])
+                elif op == "vote":
+                    cache.restore_vote(tuple(record["key"]), record["id"], record["unit"])
                 report.replayed_records += 1
 
     # -- internals ----------------------------------------------------------------------

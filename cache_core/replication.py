@@ -20,6 +20,12 @@ topic (``EntryFollower``), applying the others' changes:
 * a drop removes one entry that "wrong" feedback took out of service on the replica
   that served it (cache_core.feedback). It follows the entry's put in the topic: both
   are keyed by namespace, and the serving replica held the entry before it dropped it.
+* a vote is one unit's "wrong" verdict on an entry that the serving replica kept (the arm's
+  ``invalidate_after_wrong`` is above the units it counted): every replica adds the unit to
+  the entry's ``wrong_units`` (a set: a redelivery or the own echo counts once) and removes
+  the entry, durably, once they reach the serving arm's limit (``voted_out``; no drop is
+  sent, since every replica counts the same votes). So the limit counts the units served
+  by any replica. A drop or vote for an entry that is gone already counts ``duplicate``.
 
 A replica's own changes come back to it too: normally already applied (counted as
 ``own``), but after a restart without persistence they give it back its own entries.
@@ -73,7 +79,7 @@ from kafka import TopicPartition
 
 from cache_core.clusters import ClusterModel
 from cache_core.cache import EntryMatch, InvalidRequest
-from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch
+from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
 from cache_core.follower import TopicFollower
 from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings
@@ -85,7 +91,8 @@ OFFSETS_FILE = "replication-offsets.json"
 PURGES_REMEMBERED = 64  # per namespace: a put created before one of them but delivered after it is dropped
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
-            "purges", "purged_before", "dropped", "clusters", "own", "other_model", "malformed")
+            "purges", "purged_before", "dropped", "votes", "voted_out", "clusters", "own", "other_model",
+            "malformed")
 
 
 class EntryFeed:
@@ -110,6 +117,12 @@ class EntryFeed:
         namespace, experiment_id, arm_key = key
         self.publisher.publish_entry(EntryMessage(change="drop", origin=self.instance_id, namespace=namespace,
                                                   experiment_id=experiment_id, arm_key=arm_key, entry_id=entry_id))
+
+    def voted(self, key: tuple[str, str, str], entry_id: str, unit_id: str, arm: str) -> None:
+        namespace, experiment_id, arm_key = key
+        self.publisher.publish_entry(EntryMessage(
+            change="vote", origin=self.instance_id, namespace=namespace, experiment_id=experiment_id,
+            arm_key=arm_key, entry_id=entry_id, vote=WrongVote(unit_id=unit_id, arm=arm)))
 
     def purged(self, namespace: str, purged_at: float, match: EntryMatch) -> None:
         self.publisher.publish_entry(EntryMessage(change="purge", origin=self.instance_id, namespace=namespace,
@@ -279,6 +292,11 @@ class EntryFollower(TopicFollower):
             removed = self.cache.apply_replicated_drop(
                 (message.namespace, message.experiment_id, message.arm_key), message.entry_id)
             return "own" if own else ("dropped" if removed else "duplicate")
+        if message.change == "vote":  # also our own: idempotent, and it gives a restarted replica its votes back
+            outcome = self.cache.apply_replicated_vote(
+                (message.namespace, message.experiment_id, message.arm_key), message.entry_id,
+                message.vote.unit_id, message.experiment_id, message.vote.arm)
+            return "own" if own else outcome
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
 

@@ -106,6 +106,11 @@ class CacheSettings(_Documented):
     feedback_memory: int = Field(100_000, ge=0)
     """Most recent hits remembered by request id, so a "wrong" verdict on one can remove the entry
     that served it (the arm's invalidate_after_wrong); 0: verdicts never remove entries."""
+    feedback_resume_max_age_s: float = Field(3600.0, gt=0)
+    """With persist: a graceful stop saves the remembered hits and the feedback topic's offsets beside the
+    log, and the next start resumes from them (verdicts posted meanwhile are applied) unless they are older
+    than this (capped by SCACHE_KAFKA__EVENTS_RETENTION_MS); then, as after a crash, it starts at the
+    topic's end with no hits remembered."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)

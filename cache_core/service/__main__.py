@@ -4,9 +4,10 @@ Loads the model once, restores the cache from settings.cache.snapshot_dir
 (write-ahead log + snapshots; one directory per instance), starts the event
 publisher (with heartbeats), the control-topic listener and (settings.cache.replicate)
 the entries follower that shares entries between replicas, the feedback follower
-(a "wrong" verdict taken by any replica removes the entry that served it), serves HTTP with
-uvicorn on settings.service.host/port, and on SIGTERM/SIGINT stops listening,
-writes a final snapshot, then flushes and closes the publisher.
+(a "wrong" verdict taken by any replica removes the entry that served it; it resumes from the
+hits and offsets a graceful stop saved), serves HTTP with uvicorn on settings.service.host/port,
+and on SIGTERM/SIGINT stops listening (the feedback follower saving its state), flushes and
+closes the publisher, then writes a final snapshot.
 """
 from __future__ import annotations
 
@@ -101,7 +102,9 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         if app.state.entry_follower is not None:  # entries the other replicas store
             listener.append(app.state.entry_follower.start())
         if settings.cache.feedback_memory:  # verdicts other replicas took on hits served here
-            app.state.feedback_follower = FeedbackFollower(settings.kafka, app.state.cache).start()
+            app.state.feedback_follower = FeedbackFollower(
+                settings.kafka, app.state.cache, state_dir=persistence.directory if persistence else None,
+                max_age_s=settings.cache.feedback_resume_max_age_s).start()
             listener.append(app.state.feedback_follower)
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,
