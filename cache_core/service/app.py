@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,6 +20,7 @@ from cache_core.cache import EntryMatch, InvalidRequest, SemanticCache, StoreIte
 from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
+from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.experiments import ExperimentConfig
 from cache_core.persistence import Persistence
@@ -38,7 +41,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
                instance_id: str = "", shutdown_hooks: list[Callable[[], None]] | None = None,
                persistence: Persistence | None = None,
                control_publisher: Callable[[ControlMessage], None] | None = None,
-               event_executor=None, replicate: bool = False) -> FastAPI:
+               event_executor=None, replicate: bool = False,
+               expiry_sweep_s: float | None = DEFAULT_INTERVAL_S) -> FastAPI:
     """Build the service around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``). The model is loaded here unless ``embedder`` is given; concurrent
     requests share it through one micro-batching encoder thread. ``shutdown_hooks``
@@ -58,7 +62,10 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
 
     ``replicate``: stored entries and clears go to the entries topic through ``publisher``
     (``publish_entry``), and ``app.state.entry_follower`` (``cache_core.replication``, not
-    started: the caller starts and stops it) applies the other replicas' changes."""
+    started: the caller starts and stops it) applies the other replicas' changes.
+
+    ``expiry_sweep_s``: expired entries are removed this often in the background
+    (``cache_core.expiry``; None: only lazily, as lookups and stores meet them)."""
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -87,6 +94,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     if persistence is not None:
         persistence.open(cache)
         persistence.start()
+    sweeper = ExpirySweeper(cache, expiry_sweep_s).start() if expiry_sweep_s else None
     follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
     metrics = ServiceMetrics(cache, publisher.stats, persistence.metrics if persistence else None,
                              follower.stats if follower else None)
@@ -101,6 +109,8 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        if sweeper is not None:
+            sweeper.stop()
         if ann_checker is not None:
             ann_checker.close()  # pending checks run now, so the events waiting on them go
         if own_worker:
@@ -121,6 +131,7 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     app.state.metrics, app.state.publisher = metrics, publisher
     app.state.persistence, app.state.settings = persistence, settings
     app.state.entry_follower = follower
+    app.state.expiry = sweeper
     app.state.feedback_follower = None  # set by the caller that starts one (cache_core.feedback)
     # Topic followers /readyz waits for, by name (the caller adds the control listener it starts).
     app.state.followers = {"entries": follower} if follower else {}
@@ -142,7 +153,33 @@ def _replication(settings: Settings, cache: SemanticCache, publisher, instance_i
                          cluster_refresh_s=settings.cache.cluster_refresh_s)
 
 
+def _errors_detail(errors: list[dict]) -> list[dict]:
+    """Validation errors as a JSON-safe ``detail``: an echoed ``input`` (or ``ctx``) that cannot be
+    rendered (NaN or Infinity, a lone surrogate, the raw bytes of a body that is not JSON, an
+    exception object) is given as its repr (str), so the 422 never turns into a 500 while written."""
+    def safe(value, show=repr):
+        try:
+            json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+            return value
+        except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+            return show(value)[:200]
+
+    detail = []
+    for error in errors:
+        error = {key: value for key, value in error.items() if key != "url"}
+        if "input" in error:
+            error["input"] = safe(error["input"])
+        if isinstance(error.get("ctx"), dict):
+            error["ctx"] = {key: safe(value, str) for key, value in error["ctx"].items()}
+        detail.append(error)
+    return detail
+
+
 def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def unprocessable(_request: Request, exc: RequestValidationError):
+        return JSONResponse(status_code=422, content={"detail": _errors_detail(exc.errors())})
+
     @app.exception_handler(InvalidRequest)
     async def invalid(_request: Request, exc: InvalidRequest):
         return JSONResponse(status_code=422, content={"detail": str(exc)})
@@ -229,6 +266,7 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
                 "entries": sum(len(p) for p in cache.partitions()),
                 "persistence": persistence.metrics() if persistence else None,
                 "replication": app.state.entry_follower.stats() if app.state.entry_follower else None,
+                "expiry": app.state.expiry.stats() if app.state.expiry else None,
                 "feedback": {"remembered_hits": len(cache.served),
                              "follower": app.state.feedback_follower.stats()
                              if app.state.feedback_follower else None}}
@@ -392,8 +430,7 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         try:
             config = ExperimentConfig.model_validate_json(await request.body())
         except ValidationError as exc:
-            return JSONResponse(status_code=422, content={"detail": exc.errors(include_url=False,
-                                                                               include_context=False)})
+            return JSONResponse(status_code=422, content={"detail": _errors_detail(exc.errors(include_url=False))})
         if config.experiment_id != experiment_id:
             return JSONResponse(status_code=422, content={
                 "detail": f"body experiment_id {config.experiment_id!r} does not match the path"})
