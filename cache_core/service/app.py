@@ -7,9 +7,10 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
@@ -403,6 +404,11 @@ def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str, ide
                              headers={**cache_headers, "x-scache-hit": "0", **_SSE_HEADERS})
 
 
+# A namespace as stored (schemas.LookupRequest.namespace): up to 128 characters, "/" included
+# (the ``path`` convertor takes "a/b", sent as a%2Fb; else such a namespace could not be cleared).
+AdminNamespace = Annotated[str, Path(min_length=1, max_length=128)]
+
+
 def _admin_check(settings: Settings, request: Request) -> JSONResponse | None:
     """None if the request carries the admin token, else the 401/403 answer."""
     token = settings.service.admin_token
@@ -466,8 +472,8 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         return {"applied": in_force >= config.version, "published": True, "experiment_id": experiment_id,
                 "version": in_force}
 
-    @app.delete("/v1/admin/namespaces/{namespace}")
-    def delete_namespace(namespace: str, request: Request):
+    @app.delete("/v1/admin/namespaces/{namespace:path}")
+    def delete_namespace(namespace: AdminNamespace, request: Request):
         denied = _admin_check(settings, request)
         if denied is not None:
             return denied
@@ -476,8 +482,8 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         log.info("namespace cleared", extra={"namespace": namespace, "removed": removed})
         return {"namespace": namespace, "removed": removed}
 
-    @app.post("/v1/admin/namespaces/{namespace}/purge")
-    def purge_namespace(namespace: str, body: PurgeRequest, request: Request):
+    @app.post("/v1/admin/namespaces/{namespace:path}/purge")
+    def purge_namespace(namespace: AdminNamespace, body: PurgeRequest, request: Request):
         """Remove the answers of a provenance source (a document that changed), optionally of one
         version, or of one question, from every store of the namespace, on every replica."""
         denied = _admin_check(settings, request)
