@@ -1,11 +1,32 @@
 """Request and response bodies of the HTTP API (strict types: wrong types are 422)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 _ID = Field(min_length=1, max_length=256)
+
+
+def _unicode(text: str) -> str:
+    # JSON may escape a lone surrogate ("\ud800"); such a string cannot be encoded, logged or embedded.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it contains a lone surrogate)") from None
+    return text
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must be a non-empty string")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+"""Free text (a query, an answer): any length here, valid Unicode. Constrained strings
+(ids, with a length) are checked for it by pydantic already."""
 
 
 class _Strict(BaseModel):
@@ -13,7 +34,7 @@ class _Strict(BaseModel):
 
 
 class LookupRequest(_Strict):
-    query: str
+    query: Text
     """The user's question; length is checked against ``max_query_chars``."""
     unit_id: str = _ID
     """The randomisation unit (user, session, tenant) whose arm decides."""
@@ -29,8 +50,8 @@ class Provenance(_Strict):
 
 
 class StoreRequest(LookupRequest):
-    answer: str
-    ttl_s: float | None = Field(None, gt=0)
+    answer: Text
+    ttl_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     provenance: Provenance = Provenance()
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -53,7 +74,8 @@ class PurgeRequest(_Strict):
 
     provenance_source: str | None = Field(None, min_length=1, max_length=256)
     provenance_version: str | None = Field(None, max_length=128)
-    query: str | None = Field(None, min_length=1)
+    query: Annotated[Text, AfterValidator(_not_blank)] | None = None
+    """As stored: blank is refused, as by lookup and store."""
 
 
 class FeedbackRequest(_Strict):
@@ -119,4 +141,16 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     user: str | None = Field(None, max_length=256)
-    stream: bool = False
+    stream: StrictBool = False
+    """Strict: "yes" or 1 is refused, not taken for true."""
+
+    @model_validator(mode="after")
+    def _forwardable(self) -> "ChatCompletionRequest":
+        # The request goes upstream as JSON: a NaN / Infinity literal or a lone surrogate in any
+        # field (passed-through ones included) could not be sent.
+        try:
+            json.dumps(self.model_dump(), ensure_ascii=False, allow_nan=False).encode()
+        except ValueError as exc:  # UnicodeEncodeError included
+            reason = "a lone surrogate" if isinstance(exc, UnicodeEncodeError) else "NaN or Infinity"
+            raise ValueError(f"the request cannot be forwarded as JSON: it contains {reason}") from None
+        return self
