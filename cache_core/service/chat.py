@@ -61,8 +61,8 @@ def cache_key(body: ChatCompletionRequest) -> str:
             continue
         content = message.content
         if isinstance(content, list):
-            content = " ".join(str(part.get("text", "")) for part in content
-                               if part.get("type") == "text")
+            content = " ".join(part["text"] for part in content   # a null text is no text, not "None"
+                               if part.get("type") == "text" and isinstance(part.get("text"), str))
         if isinstance(content, str) and content.strip():
             return content
         raise ChatError(422, "the last user message has no text content")
@@ -78,8 +78,16 @@ def context_fingerprint(body: ChatCompletionRequest) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+# The limits of the same fields in /v1/lookup and /v1/store (cache_core.service.schemas).
+HEADER_LIMITS = {"x-scache-unit-id": 256, "x-scache-conversation-id": 256, "x-scache-namespace": 128,
+                 "x-scache-experiment": 64}
+
+
 def request_identity(body: ChatCompletionRequest, headers) -> dict:
     """unit_id, scope, namespace and experiment_id for the cache, from headers and ``user``."""
+    for name, limit in HEADER_LIMITS.items():
+        if len(headers.get(name, "")) > limit:
+            raise ChatError(422, f"{name} is longer than {limit} characters")
     unit_id = headers.get("x-scache-unit-id") or body.user or "anonymous"
     scope = headers.get("x-scache-conversation-id")
     if scope is None and headers.get("x-scache-scope", "").lower() == "user":
