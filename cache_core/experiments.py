@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -78,17 +78,18 @@ class MultiSimilarityConfig(BaseModel):
 
 class ArmConfig(BaseModel):
     name: str = Field(min_length=1, max_length=64)
-    weight: float = Field(1.0, gt=0)
+    # Finite: an infinite weight makes the arm probabilities NaN (every unit in the last arm).
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     threshold: float = Field(0.82, ge=-1.0, le=1.0)
-    cluster_thresholds: dict[int, float] = Field(default_factory=dict)
+    cluster_thresholds: dict[int, Annotated[float, Field(ge=-1.0, le=1.0)]] = Field(default_factory=dict)
     index_kind: IndexKind = "flat"
     ivf_nlist: int = Field(64, ge=1)
     ivf_nprobe: int = Field(8, ge=1)
     hnsw_m: int = Field(32, ge=4)
     hnsw_ef_search: int = Field(64, ge=1)
     ttl_policy: TtlPolicy = "absolute"
-    ttl_s: float = Field(3600.0, gt=0)
-    max_age_s: float = Field(86400.0, gt=0)
+    ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    max_age_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     guards: list[GuardName] = Field(default_factory=list)
     capacity_entries: int = Field(100_000, ge=1)
     capacity_bytes: int = Field(512 * 1024 * 1024, ge=1)
@@ -137,7 +138,8 @@ class ExperimentConfig(BaseModel):
     traffic_share: float = Field(1.0, ge=0.0, le=1.0)
     partition_mode: PartitionMode = "partitioned"
     arms: list[ArmConfig] = Field(min_length=1)
-    version: int = Field(1, ge=1)
+    # Events carry it as a ClickHouse Int64 (and Flink BIGINT): a larger one would make them unstorable.
+    version: int = Field(1, ge=1, le=2**63 - 1)
     updated_by: str = "config-file"
     updated_at_ms: int = 0
 
