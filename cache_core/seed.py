@@ -143,7 +143,7 @@ def _detail(response: httpx.Response) -> str:
 
 
 def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> int:
-    from cache_core.settings import get_settings
+    from cache_core.settings import settings_or_exit
 
     parser = argparse.ArgumentParser(prog="python -m cache_core.seed", description=__doc__.splitlines()[0])
     parser.add_argument("file", type=Path, help="JSON Lines or .csv with query and answer per record")
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
         parser.error(f"--batch must be 1-{MAX_STORE_BATCH} and --skip >= 0")
     defaults = {k: v for k, v in (("namespace", args.namespace), ("experiment_id", args.experiment)) if v}
     own = client is None
-    client = client or httpx.Client(base_url=args.url or f"http://127.0.0.1:{get_settings().service.port}",
+    client = client or httpx.Client(base_url=args.url or f"http://127.0.0.1:{settings_or_exit('seed').service.port}",
                                     timeout=120)
     try:
         items = checked_items(args.file, args.unit_id, defaults)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -239,6 +239,33 @@ def get_settings() -> Settings:
     return Settings()
 
 
+def describe_error(exc: ValueError) -> str:
+    """A bad SCACHE_* value (pydantic's ValidationError, several lines) as one line naming each
+    variable, e.g. ``SCACHE_CACHE__MAX_QUERY_CHARS='-1': Input should be greater than or equal to 1``."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    problems = []
+    for error in exc.errors(include_url=False):
+        message = error["msg"].removeprefix("Value error, ")
+        loc = [str(part) for part in error["loc"]]
+        if not loc:  # a check across fields: its message names the variables
+            problems.append(message)
+            continue
+        env = "SCACHE_" + "__".join(loc).upper()
+        given = error.get("input")
+        problems.append(f"{env}={given!r}: {message}" if isinstance(given, str) else f"{env}: {message}")
+    return "; ".join(problems)
+
+
+def settings_or_exit(prog: str) -> Settings:
+    """``get_settings()`` for a command line: a bad SCACHE_* value is one line on stderr and exit 2."""
+    try:
+        return get_settings()
+    except ValueError as exc:  # pydantic's ValidationError is one
+        print(f"{prog}: invalid settings: {describe_error(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 # -- the reference listing -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -299,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = reference(Settings())
     except ValueError as exc:  # a bad SCACHE_* value: say which, no traceback
-        print(f"settings: {exc}", file=sys.stderr)
+        print(f"settings: {describe_error(exc)}", file=sys.stderr)
         return 2
     if args.markdown:
         print(_markdown(rows))

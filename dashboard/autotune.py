@@ -50,7 +50,7 @@ import pandas as pd
 
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
-from cache_core.settings import Settings, get_settings
+from cache_core.settings import Settings, settings_or_exit
 from dashboard import control, queries, tuning
 from dashboard.stats import ProportionStat
 
@@ -275,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    settings = get_settings()
+    settings = settings_or_exit("autotune")
     try:
         guardrails = tuning.Guardrails(
             target_false_hit_rate=args.target if args.target is not None else settings.dashboard.target_false_hit_rate,

@@ -39,13 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from cache_core.logs import configure_logging
-    from cache_core.settings import get_settings
+    from cache_core.settings import settings_or_exit
 
-    try:
-        settings = get_settings()
-    except Exception as exc:  # pydantic explains what is wrong with the environment
-        print(f"invalid settings: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_exit("cache_core.service")  # a bad SCACHE_* value: one line, exit 2
     configure_logging(settings.log_level, settings.log_format)
     instance_id = args.instance_id or f"{socket.gethostname()}:{settings.service.port}"
     spool_dir = args.spool_dir or scache_home() / "spool" / f"cache-{settings.service.port}"

@@ -418,9 +418,9 @@ def start_warehouse(data_dir: Path, port: int | None = None, log_path: Path | No
 
 def main(argv: list[str] | None = None) -> None:
     from cache_core.logs import configure_logging
-    from cache_core.settings import get_settings
+    from cache_core.settings import settings_or_exit
 
-    settings = get_settings()
+    settings = settings_or_exit("warehouse")
     default_port = urlsplit(settings.clickhouse.url).port or 8123
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=settings.clickhouse.data_dir)

@@ -36,6 +36,7 @@ from kafka.admin import KafkaAdminClient
 
 from cache_core.events import ENTRY_MESSAGE_MAX_BYTES
 from cache_core.settings import KafkaSettings
+from infra.kafka.broker import min_insync_replicas
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +52,26 @@ CONTROL_TOPIC_CONFIGS = {
 
 
 def topic_specs(kafka: KafkaSettings) -> dict[str, dict]:
-    """Topic name -> create options (kafka-python's dict form)."""
-    retained = {"cleanup.policy": "delete", "retention.ms": str(kafka.events_retention_ms)}
+    """Topic name -> create options (kafka-python's dict form).
+
+    Every topic carries its own min.insync.replicas (2 from RF 3 on, else 1), so with
+    SCACHE_KAFKA__REPLICATION_FACTOR=3 an acknowledged write (the producers use acks=all)
+    is on two brokers whatever the brokers' default, and writes go on with one broker down.
+    """
+    durability = {"min.insync.replicas": str(min_insync_replicas(kafka.replication_factor))}
+    retained = {"cleanup.policy": "delete", "retention.ms": str(kafka.events_retention_ms), **durability}
     return {
         kafka.events_topic: {"num_partitions": kafka.events_partitions,
                              "replication_factor": kafka.replication_factor, "configs": retained},
         kafka.control_topic: {"num_partitions": 1, "replication_factor": kafka.replication_factor,
-                              "configs": CONTROL_TOPIC_CONFIGS},
+                              "configs": {**CONTROL_TOPIC_CONFIGS, **durability}},
         kafka.feedback_topic: {"num_partitions": kafka.feedback_partitions,
                                "replication_factor": kafka.replication_factor, "configs": retained},
         kafka.entries_topic: {"num_partitions": kafka.entries_partitions,
                               "replication_factor": kafka.replication_factor,
                               "configs": {"cleanup.policy": "delete",
                                           "retention.ms": str(kafka.entries_retention_ms),
-                                          "max.message.bytes": str(ENTRY_MESSAGE_MAX_BYTES)}},
+                                          "max.message.bytes": str(ENTRY_MESSAGE_MAX_BYTES), **durability}},
     }
 
 
@@ -124,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="override SCACHE_KAFKA__BOOTSTRAP_SERVERS")
     args = parser.parse_args(argv)
     from cache_core.logs import configure_logging
-    from cache_core.settings import get_settings
+    from cache_core.settings import settings_or_exit
     configure_logging()
-    kafka = get_settings().kafka
+    kafka = settings_or_exit("topics").kafka
     if args.bootstrap:
         kafka = kafka.model_copy(update={"bootstrap_servers": args.bootstrap})
     try:
