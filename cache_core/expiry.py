@@ -1,0 +1,68 @@
+"""Background expiry: entries that no request reaches any more still leave.
+
+Expiry is otherwise lazy: an expired entry goes when a lookup finds it among its candidates
+or a store's eviction scan meets it at the LRU end. A store nobody asks any more (a namespace
+a tenant stopped using, a retired document set, a conversation that ended) therefore keeps
+its expired entries for the life of the process, in memory and in every snapshot; the soak
+(bench/soak.py) measured that as entries growing without bound with short-lived namespaces.
+``ExpirySweeper`` removes them every ``interval_s`` (``SemanticCache.drop_expired``: one
+partition lock at a time, removals logged like any other expiry).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 60.0
+
+
+class ExpirySweeper:
+    """Calls ``cache.drop_expired()`` every ``interval_s`` in a daemon thread."""
+
+    def __init__(self, cache, interval_s: float = DEFAULT_INTERVAL_S, name: str = "scache-expiry"):
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.cache = cache
+        self.interval_s = interval_s
+        self.sweeps = 0
+        self.removed = 0
+        self.errors = 0
+        self.last_sweep_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "ExpirySweeper":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def sweep(self) -> int:
+        """One pass over every partition; returns how many expired entries it removed."""
+        started = time.perf_counter()
+        removed = self.cache.drop_expired()
+        self.last_sweep_s = time.perf_counter() - started
+        self.sweeps += 1
+        self.removed += removed
+        if removed:
+            log.info("expired entries swept", extra={"removed": removed,
+                                                      "seconds": round(self.last_sweep_s, 4)})
+        return removed
+
+    def stats(self) -> dict:
+        return {"sweeps": self.sweeps, "removed": self.removed, "errors": self.errors,
+                "last_sweep_s": self.last_sweep_s, "alive": self._thread.is_alive()}
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sweep()
+            except Exception:  # a failed pass must not end the sweeping
+                self.errors += 1
+                log.exception("expiry sweep failed")
