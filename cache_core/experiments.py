@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 TtlPolicy = Literal["absolute", "sliding"]
@@ -217,10 +217,23 @@ def load_experiments(path: Path) -> dict[str, ExperimentConfig]:
     """Read the experiments file (YAML: ``experiments: [ {...}, ... ]``)."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"experiments file {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
     except FileNotFoundError as exc:
         raise ValueError(f"experiments file not found: {path}") from exc
-    items = raw.get("experiments", [])
-    experiments = [ExperimentConfig.model_validate(item) for item in items]
+    except OSError as exc:  # a directory, no permission, ...
+        raise ValueError(f"cannot read experiments file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"experiments file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    items = raw.get("experiments", []) if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise ValueError(f"experiments file {path} must hold a mapping with a list under 'experiments:'")
+    try:
+        experiments = [ExperimentConfig.model_validate(item) for item in items]
+    except ValidationError as exc:  # one line per problem is too many for a start-up error
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'experiment'}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        raise ValueError(f"experiments file {path}: {problems}") from exc
     by_id = {e.experiment_id: e for e in experiments}
     if len(by_id) != len(experiments):
         raise ValueError(f"duplicate experiment ids in {path}")
