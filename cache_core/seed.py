@@ -41,9 +41,14 @@ class SeedAborted(SeedError):
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
     """(line number, raw record) of a JSON Lines or CSV file."""
-    if not path.is_file():
+    if not path.exists():
         raise SeedError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8-sig")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:  # a directory, no permission, ...
+        raise SeedError(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SeedError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(text.splitlines())
         return [(reader.line_num, dict(row)) for row in reader]
@@ -160,8 +165,11 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
         parser.error(f"--batch must be 1-{MAX_STORE_BATCH} and --skip >= 0")
     defaults = {k: v for k, v in (("namespace", args.namespace), ("experiment_id", args.experiment)) if v}
     own = client is None
-    client = client or httpx.Client(base_url=args.url or f"http://127.0.0.1:{settings_or_exit('seed').service.port}",
-                                    timeout=120)
+    try:
+        client = client or httpx.Client(base_url=args.url or f"http://127.0.0.1:{settings_or_exit('seed').service.port}",
+                                        timeout=120)
+    except httpx.InvalidURL as exc:
+        parser.error(f"--url {args.url!r}: {exc}")
     try:
         items = checked_items(args.file, args.unit_id, defaults)
         if args.skip > len(items):
