@@ -65,15 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embeddings-cache", type=Path, default=None,
                         help="keep train/test embeddings here (.npy) between runs")
     args = parser.parse_args(argv)
+    if not -1.0 <= args.threshold <= 1.0:  # a cosine; also refuses nan
+        parser.error(f"--threshold must be in [-1, 1], got {args.threshold}")
     try:
         train = pd.read_csv(args.data / "train.csv")
         test = pd.read_csv(args.data / "test.csv")
     except FileNotFoundError as exc:
         print(f"banking77 not found: {exc}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as exc:  # a directory, not UTF-8, not CSV (pandas' errors are ValueErrors)
+        print(f"banking77 unreadable in {args.data}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    for name, frame in (("train", train), ("test", test)):
+        if not {"text", "category"} <= set(frame.columns):
+            print(f"banking77 {args.data / name}.csv needs columns text and category, has {list(frame.columns)}",
+                  file=sys.stderr)
+            return 2
     cache = args.embeddings_cache
-    train_vecs = _embed(train.text.tolist(), cache / "train.npy" if cache else None)
-    test_vecs = _embed(test.text.tolist(), cache / "test.npy" if cache else None)
+    try:
+        train_vecs = _embed(train.text.tolist(), cache / "train.npy" if cache else None)
+        test_vecs = _embed(test.text.tolist(), cache / "test.npy" if cache else None)
+    except (OSError, ValueError) as exc:  # a cache file that is not .npy, a cache dir that cannot be written
+        print(f"embeddings cache {cache}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     base = evaluate(train, test, train_vecs, test_vecs, args.threshold, [])
     print(f"threshold {args.threshold}: {len(test)} queries, no guard: {base['hits']} hits, "
           f"{base['false']} false ({base['false'] / max(base['hits'], 1):.1%})")
