@@ -190,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--window-s", type=int, default=10, help="attribution window in seconds (default 10)")
     demo.add_argument("--state-dir", help="where service data and logs go (default $SCACHE_HOME/demo)")
     args = parser.parse_args(argv)
-    if args.rate <= 0:
-        parser.error("--rate must be positive")
+    if not 0 < args.rate < float("inf"):  # also refuses nan, which started everything to replay at no rate
+        parser.error("--rate must be a positive number")
+    if args.window_s < 1:
+        parser.error("--window-s must be at least 1")
     configure_logging()
     return _demo(args)
 
