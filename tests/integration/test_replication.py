@@ -36,8 +36,8 @@ class Replica:
     """One in-process cache replica: cache, publisher (with its spool), follower, optional persistence."""
 
     def __init__(self, name: str, kafka, embedder, tmp_path, persist: bool = False,
-                 cluster_refresh_s: float | None = None):
-        self.cache = SemanticCache(embedder, ExperimentRegistry({"repl": EXPERIMENT}), instance_id=name)
+                 cluster_refresh_s: float | None = None, experiment: ExperimentConfig = EXPERIMENT):
+        self.cache = SemanticCache(embedder, ExperimentRegistry({"repl": experiment}), instance_id=name)
         self.persistence = Persistence(tmp_path / f"{name}-state", fsync=False) if persist else None
         if self.persistence is not None:
             self.persistence.open(self.cache)
@@ -64,8 +64,10 @@ class Replica:
 def replicas(kafka_settings, minilm_embedder, tmp_path):
     started: list[Replica] = []
 
-    def start(name: str, persist: bool = False, cluster_refresh_s: float | None = None) -> Replica:
-        started.append(Replica(name, kafka_settings, minilm_embedder, tmp_path, persist, cluster_refresh_s))
+    def start(name: str, persist: bool = False, cluster_refresh_s: float | None = None,
+              experiment: ExperimentConfig = EXPERIMENT) -> Replica:
+        started.append(Replica(name, kafka_settings, minilm_embedder, tmp_path, persist, cluster_refresh_s,
+                               experiment))
         return started[-1]
 
     yield start
@@ -129,6 +131,64 @@ def test_a_wrong_verdict_taken_by_another_replica_removes_the_entry_everywhere(r
     finally:
         for follower in followers:
             follower.stop()
+
+
+def test_users_served_by_two_replicas_add_up_to_the_arms_limit(replicas):
+    """invalidate_after_wrong=2: one user served by each replica. Replica one's vote reaches two
+    through the entries topic, so two's own user is the second and two removes the entry (and
+    drops it on one); counted per replica, it would have stayed on both."""
+    two_users = EXPERIMENT.model_copy(update={"arms": [
+        arm.model_copy(update={"invalidate_after_wrong": 2}) for arm in EXPERIMENT.arms]})
+    one, two = replicas("one", experiment=two_users), replicas("two", experiment=two_users)
+    first, second = unit_in("a"), next(f"v{i}" for i in range(1000) if assign(EXPERIMENT, f"v{i}").arm == "a")
+    one.cache.store(QUESTION, "Card > PIN.", first)
+    wait_for(lambda: two.entries() == 1, 30, "the entry on replica two")
+
+    served_by_one = one.cache.lookup(PARAPHRASE, first)
+    assert served_by_one.hit and one.cache.apply_feedback(served_by_one.request_id, "wrong") == "counted"
+    wait_for(lambda: two.follower.stats()["votes"] == 1, 30, "replica one's vote reaching replica two")
+    assert two.cache.lookup(PARAPHRASE, second).hit  # one user of two so far
+    served_by_two = two.cache.lookup(PARAPHRASE, second)
+    assert two.cache.apply_feedback(served_by_two.request_id, "wrong") == "invalidated"
+    assert two.entries() == 0
+    wait_for(lambda: one.entries() == 0, 30, "the drop reaching replica one")
+    assert one.follower.stats()["dropped"] == 1 and one.follower.stats()["own"] >= 1  # its vote came back
+
+
+def test_a_verdict_posted_while_the_serving_replica_was_down_is_applied_after_a_graceful_restart(
+        replicas, kafka_settings, minilm_embedder, tmp_path):
+    one, two = replicas("one"), replicas("two", persist=True)
+    feedback_two = FeedbackFollower(kafka_settings, two.cache, state_dir=two.persistence.directory).start()
+    assert feedback_two.wait_caught_up(30)
+    unit = unit_in("a")
+    one.cache.store(QUESTION, "Card > PIN.", unit)
+    one.cache.store("How do I close my account?", "Settings > Close.", unit)
+    wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
+    served = two.cache.lookup(PARAPHRASE, unit)
+    assert served.hit
+    # An earlier verdict, applied before the stop: read again after the restart, it must not count twice.
+    settled = two.cache.lookup(PARAPHRASE, unit)
+    one.publisher.publish_feedback(FeedbackEvent(request_id=settled.request_id, verdict="correct"))
+    wait_for(lambda: feedback_two.stats()["correct"] == 1, 30, "the correct verdict on replica two")
+
+    feedback_two.stop()  # graceful: saves the served hits and the offsets beside the log
+    two.stop()
+    assert (two.persistence.directory / "feedback-state.json").exists()
+    one.publisher.publish_feedback(FeedbackEvent(request_id=served.request_id, verdict="wrong"))  # two is down
+    one.publisher.flush(10)
+
+    again = Replica("two", kafka_settings, minilm_embedder, tmp_path, persist=True)
+    resumed = FeedbackFollower(kafka_settings, again.cache, state_dir=again.persistence.directory).start()
+    try:
+        assert resumed.stats()["resumed"] == 1 and resumed.stats()["restored_hits"] == 1
+        wait_for(lambda: resumed.stats()["invalidated"] == 1, 30, "the verdict posted while two was down")
+        assert resumed.stats()["received"] == 1  # from the saved offset: the earlier verdict is not read again
+        assert not again.cache.lookup(PARAPHRASE, unit).hit
+        wait_for(lambda: one.entries() == 1, 30, "the drop reaching replica one")
+        assert one.cache.lookup("How do I close my account?", unit).hit
+    finally:
+        resumed.stop()
+        again.stop()
 
 
 def test_a_restarted_replica_resumes_from_its_offsets(replicas, kafka_settings, minilm_embedder, tmp_path):
@@ -223,3 +283,38 @@ def test_two_service_processes_share_entries(kafka_settings, cache_service_facto
              "the second service invalidating the entry that served its hit")
     wait_for(lambda: first.get("/healthz").json()["entries"] == 0, 30, "the drop reaching the first service")
     assert not first.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
+
+
+def test_a_service_stopped_gracefully_applies_the_verdicts_posted_while_it_was_down(
+        kafka_settings, cache_service_factory, tmp_path):
+    """SIGTERM saves the served hits and feedback offsets beside the log; the restarted service
+    (same snapshot directory) reads the verdict another service took meanwhile and drops the entry."""
+    path = tmp_path / "experiments.yaml"
+    path.write_text(yaml.safe_dump({"experiments": [EXPERIMENT.model_dump(mode="json")]}))
+    state = {"SCACHE_CACHE__SNAPSHOT_DIR": str(tmp_path / "second-state")}
+    first = httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path), timeout=10)
+    second_url = cache_service_factory(kafka=kafka_settings, experiments_file=path, env=state)
+    unit = unit_in("a")
+    assert first.post("/v1/store", json={"query": QUESTION, "answer": "Card > PIN.", "unit_id": unit}).json()["stored"]
+    with httpx.Client(base_url=second_url, timeout=10) as second:
+        wait_for(lambda: second.get("/healthz").json()["entries"] == 1, 30, "the entry on the second service")
+        wait_for(lambda: second.get("/healthz").json()["feedback"]["follower"]["caught_up"], 30,
+                 "the second service's feedback follower")
+        lookup = second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()
+        assert lookup["hit"]
+    service = cache_service_factory.services[-1]
+    service.stop()  # SIGTERM
+    assert "feedback state saved" in service.log_path.read_text()
+
+    verdict = first.post("/v1/feedback", json={"request_id": lookup["request_id"], "verdict": "wrong"})
+    assert verdict.json()["outcome"] == "unknown"  # not the first's hit: it only publishes it
+
+    with httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path, env=state),
+                      timeout=10) as second:
+        follower = second.get("/healthz").json()["feedback"]["follower"]
+        assert (follower["resumed"], follower["restored_hits"]) == (1, 1), follower
+        wait_for(lambda: second.get("/healthz").json()["feedback"]["follower"]["invalidated"] == 1, 30,
+                 "the verdict posted while the second service was down")
+        assert not second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
+    wait_for(lambda: first.get("/healthz").json()["entries"] == 0, 30, "the drop reaching the first service")
+    first.close()
