@@ -427,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port)
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:  # 0: any free port
+        parser.error(f"--port must be 0-65535, got {args.port}")
     configure_logging(settings.log_level, settings.log_format)
     auth = Auth(settings.clickhouse.username, settings.clickhouse.password.get_secret_value())
     try:

@@ -393,7 +393,11 @@ def _cli_start(args: argparse.Namespace) -> int:
 
 
 def _cli_submit(args: argparse.Namespace) -> int:
-    cluster = FlinkCluster.load(args.run_dir)
+    try:
+        cluster = FlinkCluster.load(args.run_dir)
+    except FileNotFoundError:
+        print(f"error: no cluster started from {args.run_dir} (python -m infra.flink.cluster start)", file=sys.stderr)
+        return 1
     job_id = cluster.submit(Path(args.job_file), {k: v for k, v in os.environ.items() if k.startswith("SCACHE_")})
     status = cluster.wait_job_status(job_id, "RUNNING", 120)
     print(f"job {job_id} {status}")
@@ -404,7 +408,7 @@ def _cli_status(args: argparse.Namespace) -> int:
     try:
         cluster = FlinkCluster.load(args.run_dir)
     except FileNotFoundError:
-        print(f"no cluster started from {args.run_dir}")
+        print(f"no cluster started from {args.run_dir}", file=sys.stderr)
         return 1
     try:
         overview = cluster.overview()
@@ -445,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "submit":
             cmd.add_argument("--job-file", default=str(JOB_FILE))
     args = parser.parse_args(argv)
+    if getattr(args, "slots", 1) < 1:  # else the task manager starts and dies with a Java stack trace
+        sub.choices["start"].error("--slots must be at least 1")
     configure_logging()
     try:
         return args.func(args)

@@ -134,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     from cache_core.settings import settings_or_exit
     configure_logging()
     kafka = settings_or_exit("topics").kafka
-    if args.bootstrap:
+    if args.bootstrap is not None:
         kafka = kafka.model_copy(update={"bootstrap_servers": args.bootstrap})
+    for server in kafka.bootstrap_servers.split(","):  # else the client fails with int()'s message
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit():
+            print(f"error: bootstrap server {server.strip()!r} is not host:port", file=sys.stderr)
+            return 2
     try:
         ensure_topics(kafka)
     except (RuntimeError, Errors.KafkaError) as exc:
