@@ -66,7 +66,11 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     except (EmbedderError, ValueError, yaml.YAMLError) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
+    try:
+        publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
+    except OSError as exc:  # the spool directory cannot be made (a file there, no permission)
+        log.error("cannot start: spool directory %s: %s", spool_dir, exc)
+        return 2
     listener: list = []
     stopped = threading.Event()
 
@@ -89,7 +93,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
             app = create_app(settings, publisher, embedder, registry=registry,
                              instance_id=instance_id, shutdown_hooks=[shutdown],
                              persistence=persistence, replicate=settings.cache.replicate)
-        except PersistenceError as exc:
+        except (PersistenceError, OSError) as exc:  # OSError: e.g. snapshot_dir is a file
             log.error("cannot start: %s", exc)
             return 2
         listener.append(ControlListener(settings.kafka, on_record=app.state.registry.apply_record))
