@@ -1,4 +1,5 @@
-"""A single-node KRaft Kafka broker (broker+controller in one JVM) on loopback.
+"""A single-node KRaft Kafka broker (broker+controller in one JVM) on loopback; the nodes
+of infra/kafka/cluster.py are started by the same code (``NodeSpec``, ``spawn_node``).
 
 Its state lives entirely in ``data_dir``: storage is formatted once, so starting
 again on the same directory keeps every topic and message. The ports last used are
@@ -16,6 +17,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.kafka.resolve import kafka_classpath
@@ -31,7 +34,7 @@ START_TIMEOUT_S = 120.0
 
 def start_broker(data_dir: Path, port: int | None = None, controller_port: int | None = None,
                  heap: str = "512m") -> Service:
-    """Start the broker, wait until it serves metadata, and return its Service.
+    """Start the single-node broker, wait until it serves metadata, and return its Service.
 
     ``service.info["bootstrap"]`` is ``127.0.0.1:<port>``. Free ports are chosen when
     a port is None (preferring the ones this data_dir used last, if still free).
@@ -39,25 +42,62 @@ def start_broker(data_dir: Path, port: int | None = None, controller_port: int |
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     port, controller_port = _choose_ports(data_dir, port, controller_port)
+    service = spawn_node(NodeSpec(data_dir, port, controller_port), heap=heap)
+    wait_node_ready(service)
+    return service
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One KRaft node (broker+controller in one JVM): the single broker, or one node of a
+    cluster (infra/kafka/cluster.py), which then names every voter and the shared cluster id."""
+
+    data_dir: Path
+    port: int
+    controller_port: int
+    node_id: int = NODE_ID
+    voters: str | None = None
+    """``controller.quorum.voters`` (``id@host:port,...``); None: this node alone."""
+    cluster_id: str | None = None
+    """Formatted into the storage; None: a fresh one (a single node shares it with no one)."""
+    replication: int = 1
+    """Default RF of the internal topics and of topics created without one."""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def spawn_node(node: NodeSpec, heap: str = "512m", overrides: dict[str, str] | None = None) -> Service:
+    """Write the properties, format the storage if new, and start the JVM without waiting:
+    a cluster's nodes only answer once a majority of the voters runs."""
+    node.data_dir.mkdir(parents=True, exist_ok=True)
     classpath = kafka_classpath()
-    props = write_server_properties(data_dir, port, controller_port)
-    if not is_formatted(data_dir):
-        format_storage(classpath, props, heap)
+    props = write_server_properties(node, overrides)
+    if not is_formatted(node.data_dir):
+        format_storage(classpath, props, heap, node.cluster_id)
     cmd = _java(classpath, heap) + ["kafka.Kafka", str(props)]
-    started = time.monotonic()
-    service = spawn("kafka", cmd, data_dir / "broker.log")
-    bootstrap = f"{HOST}:{port}"
-    service.info.update(bootstrap=bootstrap, port=port, controller_port=controller_port,
-                        data_dir=str(data_dir))
+    name = "kafka" if node.voters is None else f"kafka-{node.node_id}"
+    service = spawn(name, cmd, node.data_dir / "broker.log")
+    service.info.update(bootstrap=node.bootstrap, port=node.port, controller_port=node.controller_port,
+                        node_id=node.node_id, data_dir=str(node.data_dir), spawned=time.monotonic())
+    return service
+
+
+def wait_node_ready(service: Service, timeout_s: float = START_TIMEOUT_S,
+                    ready: Callable[[str], bool] | None = None) -> None:
+    """Until the node answers a metadata request (or ``ready(bootstrap)``); kills it on failure."""
+    bootstrap = service.info["bootstrap"]
+    check = ready or _answers
     try:
-        wait_until(lambda: _answers(bootstrap), START_TIMEOUT_S, "kafka broker",
+        wait_until(lambda: check(bootstrap), timeout_s, f"kafka node {service.info['node_id']}",
                    interval_s=0.5, proc=service.proc, log_path=service.log_path)
     except BaseException:
         service.kill()
         raise
-    service.info["start_s"] = round(time.monotonic() - started, 2)
-    log.info("kafka broker ready", extra={"bootstrap": bootstrap, "start_s": service.info["start_s"]})
-    return service
+    service.info["start_s"] = round(time.monotonic() - service.info["spawned"], 2)
+    log.info("kafka broker ready", extra={"bootstrap": bootstrap, "node_id": service.info["node_id"],
+                                          "start_s": service.info["start_s"]})
 
 
 def _choose_ports(data_dir: Path, port: int | None, controller_port: int | None) -> tuple[int, int]:
@@ -92,27 +132,38 @@ def _bindable(port: int) -> bool:
             return False
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
-    """The broker's configuration: one node, loopback only, explicit topic creation."""
+def min_insync_replicas(replication: int) -> int:
+    """min.insync.replicas for a replication factor: 2 from RF 3 on (an acknowledged write
+    is on two brokers, and one broker may be down), else 1 (RF 2 with min ISR 2 would stop
+    every write when either broker is down)."""
+    return 2 if replication >= 3 else 1
+
+
+def server_properties(node: NodeSpec) -> dict[str, str]:
+    """A node's configuration: loopback only, explicit topic creation, and the replication
+    defaults of its cluster (1 for the single node)."""
+    rf, min_isr = str(node.replication), str(min_insync_replicas(node.replication))
     return {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": node.voters or f"{node.node_id}@{HOST}:{node.controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{node.port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "log.dirs": str(data_dir / "logs"),
+        "log.dirs": str(node.data_dir / "logs"),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": rf,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": "0",
         # Check for compactable segments often, so the control topic really compacts.
         "log.cleaner.backoff.ms": "2000",
@@ -123,9 +174,10 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[s
     }
 
 
-def write_server_properties(data_dir: Path, port: int, controller_port: int) -> Path:
-    path = data_dir / "server.properties"
-    lines = [f"{k}={v}" for k, v in server_properties(data_dir, port, controller_port).items()]
+def write_server_properties(node: NodeSpec, overrides: dict[str, str] | None = None) -> Path:
+    path = node.data_dir / "server.properties"
+    props = {**server_properties(node), **(overrides or {})}
+    lines = [f"{k}={v}" for k, v in props.items()]
     path.write_text("# Written by infra/kafka/broker.py on every start.\n" + "\n".join(lines) + "\n")
     return path
 
@@ -134,11 +186,11 @@ def is_formatted(data_dir: Path) -> bool:
     return (data_dir / "logs" / "meta.properties").exists()
 
 
-def format_storage(classpath: str, props: Path, heap: str = "512m") -> None:
-    """Format the KRaft log dir once with a fresh cluster id (kafka-storage.sh format)."""
+def format_storage(classpath: str, props: Path, heap: str = "512m", cluster_id: str | None = None) -> None:
+    """Format the KRaft log dir once (kafka-storage.sh format), with ``cluster_id`` or a fresh one."""
     # A short-lived tool: the C1 compiler alone starts it faster.
     cmd = _java(classpath, heap) + ["-XX:TieredStopAtLevel=1", "kafka.tools.StorageTool", "format",
-                                    "-t", new_cluster_id(), "-c", str(props)]
+                                    "-t", cluster_id or new_cluster_id(), "-c", str(props)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"kafka storage format failed ({done.returncode}):\n"
