@@ -857,10 +857,12 @@ class SemanticCache:
         if partition is None:
             return "gone"
         with partition.lock:
-            entry, new_vote = partition.vote(hit.entry_id, hit.unit_id)
-            if entry is None:
+            if hit.entry_id not in partition.entries:
                 return "gone"
-            invalidated = bool(limit) and len(entry.wrong_units) >= limit
+            if not limit:
+                return "kept"  # never removed, so not counted: its set, the log and the topic stay small
+            entry, new_vote = partition.vote(hit.entry_id, hit.unit_id)
+            invalidated = len(entry.wrong_units) >= limit
             if invalidated:
                 partition.remove(hit.entry_id)
         if not invalidated:
@@ -868,7 +870,7 @@ class SemanticCache:
             # so the arm's limit is reached by units served anywhere, not per replica.
             if new_vote and self.entry_feed is not None:
                 self.entry_feed.voted(hit.key, hit.entry_id, hit.unit_id, hit.arm)
-            return "counted" if limit else "kept"
+            return "counted"
         self.sync_journal()
         log_invalidation(hit, request_id, len(entry.wrong_units))
         if self.entry_feed is not None:

@@ -41,7 +41,8 @@ settled, or its unit is in the set already).
 Scope and limits: a later "correct" does not bring back an entry a "wrong" removed; a
 replica from before votes (schema change "vote") skips them as malformed and counts only
 its own hits' verdicts; the limit applied is the serving arm's as configured on each
-replica when the vote arrives.
+replica when the vote arrives; an arm at 0 counts nothing (raised later, its count starts at
+zero), so ``wrong_units`` stay within the largest limit in force.
 """
 from __future__ import annotations
 
@@ -110,15 +111,13 @@ class ServedHits:
 
     def restore(self, rows: list[list]) -> int:
         """Remember ``export``'s rows (the newest ``capacity`` of them) before what is remembered
-        now; returns how many. Raises ValueError / TypeError on a row that is not one."""
-        hits = []
-        for request_id, key, experiment_id, arm, entry_id, unit_id in rows[-self.capacity:] if self.capacity else ():
-            namespace, experiment, arm_key = key
-            fields = (request_id, namespace, experiment, arm_key, experiment_id, arm, entry_id, unit_id)
-            if not all(isinstance(f, str) for f in fields):
-                raise TypeError("a served hit's fields are strings")
-            hits.append((request_id, ServedHit((namespace, experiment, arm_key), experiment_id, arm,
-                                               entry_id, unit_id)))
+        now; returns how many. Raises ValueError / TypeError on a row of another shape (a field
+        of another type only gives a hit that no verdict finds, or whose entry is "gone")."""
+        rows = rows[-self.capacity:] if self.capacity else []
+        hits = [(request_id, ServedHit(tuple(key), experiment_id, arm, entry_id, unit_id))
+                for request_id, key, experiment_id, arm, entry_id, unit_id in rows]
+        if any(len(hit.key) != 3 for _, hit in hits):
+            raise ValueError("a served hit's key is (namespace, experiment, arm)")
         with self._lock:
             now = list(self._hits.items())
             self._hits = OrderedDict(hits)
@@ -182,7 +181,7 @@ class FeedbackFollower(TopicFollower):
                 "hits": self.cache.served.export()}
         tmp = self.state_path.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            json.dump(body, f, separators=(",", ":"))
+            f.write(json.dumps(body, separators=(",", ":")))  # one write: json.dump writes piece by piece
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)

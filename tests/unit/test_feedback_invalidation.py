@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from kafka import TopicPartition
+from prometheus_client import generate_latest
 
 from cache_core.cache import SemanticCache
 from cache_core.events import EntryMessage, FeedbackEvent
@@ -17,6 +18,7 @@ from cache_core.experiments import ArmConfig
 from cache_core.feedback import FeedbackFollower
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
+from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import KafkaSettings
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
 from tests.unit.test_replication import _deliver, _replica
@@ -82,6 +84,8 @@ def test_the_arm_sets_how_many_units_must_say_wrong_to_remove_an_entry():
     for _ in range(3):
         assert cache.apply_feedback(_served(cache, unit_b), "wrong") == "kept"
     assert cache.lookup(PARAPHRASE, unit_b).hit
+    [kept] = cache.partition_for("default", exp.experiment_id, "b").entries.values()
+    assert kept.wrong_units == set()  # never removed, so nothing is counted (nor logged, nor sent)
 
 
 def test_only_the_most_recent_hits_are_remembered():
@@ -201,6 +205,9 @@ def test_units_served_by_different_replicas_add_up_to_the_limit_on_both():
     assert not a.lookup(PARAPHRASE, first).hit and not b.lookup(PARAPHRASE, first).hit
     assert follower_a.stats()["voted_out"] == 1 and follower_b.stats()["voted_out"] == 1
     assert not feed_a.values[1:] and not feed_b.values[1:]  # nothing but the votes: no drop is sent
+    metrics = generate_latest(ServiceMetrics(b, dict, None, follower_b.stats).registry).decode()
+    assert 'scache_replication_messages_total{outcome="voted_out"} 1.0' in metrics
+    assert 'scache_replication_messages_total{outcome="votes"} 0.0' in metrics
 
     # Own echoes and a redelivery find nothing left to count.
     _deliver(feed_a.values, follower_a)
