@@ -9,7 +9,7 @@ starting again on the same directory brings back the same cluster on the same po
 (the voters' addresses are part of the configuration and cannot move).
 
     python -m infra.kafka.cluster --nodes 3 --data-dir DIR   # prints the bootstrap list, Ctrl-C stops all
-    python -m infra.kafka.cluster --data-dir DIR --set broker.session.timeout.ms=6000
+    python -m infra.kafka.cluster --data-dir DIR --set broker.session.timeout.ms=4000
 
 Kafka's own defaults otherwise: a SIGKILLed broker's partitions move after its broker
 session times out (``broker.session.timeout.ms``, 9 s); see infra/deploy/README.md for why
@@ -130,6 +130,15 @@ class KafkaCluster:
         finally:
             admin.close()
 
+    def active_controller(self) -> int:
+        """The node leading the KRaft quorum (the active controller); -1 during an election."""
+        admin = self._admin()
+        try:
+            quorum = admin.describe_metadata_quorum()
+        finally:
+            admin.close()
+        return quorum["topics"][0]["partitions"][0]["leader_id"]
+
     def partitions(self, topic: str) -> dict[int, dict]:
         """partition -> {"leader": id (-1 if none), "replicas": [ids], "isr": [ids]}."""
         admin = self._admin()
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--heap", default=DEFAULT_HEAP, help="per node (default %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an extra server property for every node, e.g. broker.session.timeout.ms=6000")
+                        help="an extra server property for every node, e.g. broker.session.timeout.ms=4000")
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set if "=" in item)
     if len(overrides) != len(args.set):
