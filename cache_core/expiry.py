@@ -6,13 +6,17 @@ a tenant stopped using, a retired document set, a conversation that ended) there
 its expired entries for the life of the process, in memory and in every snapshot; the soak
 (bench/soak.py) measured that as entries growing without bound with short-lived namespaces.
 ``ExpirySweeper`` removes them every ``interval_s`` (``SemanticCache.drop_expired``: one
-partition lock at a time, removals logged like any other expiry).
+partition lock at a time, removals logged like any other expiry), then gives the C heap's
+free pages back to the OS (``cache_core.heap.trim``: without it the encoder's freed batch
+buffers kept the RSS climbing; ``trim_heap=False`` leaves the heap alone).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+
+from cache_core import heap
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +26,14 @@ DEFAULT_INTERVAL_S = 60.0
 class ExpirySweeper:
     """Calls ``cache.drop_expired()`` every ``interval_s`` in a daemon thread."""
 
-    def __init__(self, cache, interval_s: float = DEFAULT_INTERVAL_S, name: str = "scache-expiry"):
+    def __init__(self, cache, interval_s: float = DEFAULT_INTERVAL_S, name: str = "scache-expiry",
+                 trim_heap: bool = True):
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.cache = cache
         self.interval_s = interval_s
+        self.trim_heap = trim_heap
+        self.trims = 0
         self.sweeps = 0
         self.removed = 0
         self.errors = 0
@@ -56,13 +63,15 @@ class ExpirySweeper:
         return removed
 
     def stats(self) -> dict:
-        return {"sweeps": self.sweeps, "removed": self.removed, "errors": self.errors,
+        return {"sweeps": self.sweeps, "removed": self.removed, "errors": self.errors, "heap_trims": self.trims,
                 "last_sweep_s": self.last_sweep_s, "alive": self._thread.is_alive()}
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.sweep()
+                if self.trim_heap:
+                    self.trims += heap.trim()
             except Exception:  # a failed pass must not end the sweeping
                 self.errors += 1
                 log.exception("expiry sweep failed")

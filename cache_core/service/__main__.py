@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(settings, instance_id: str, spool_dir: Path) -> int:
+    from cache_core import heap
+
+    heap.pin_mmap_threshold()  # before the model loads: the encoder's freed buffers go back to the OS
     from cache_core.control import ControlListener
     from cache_core.embedder import EmbedderError, load_embedder
     from cache_core.feedback import FeedbackFollower

@@ -2,8 +2,14 @@
 expired entries, which lazy expiry alone never removes (bench/soak.py found them piling up)."""
 from __future__ import annotations
 
+import ctypes
+import os
+
+import pytest
+
 from fastapi.testclient import TestClient
 
+from cache_core import heap
 from cache_core.cache import SemanticCache
 from cache_core.experiments import ArmConfig
 from cache_core.expiry import ExpirySweeper
@@ -65,3 +71,73 @@ def test_the_service_sweeps_in_the_background_and_reports_it(minilm_embedder):
         wait_until(lambda: client.get("/healthz").json()["entries"] == 0, 5, "the service's sweep")
         assert client.get("/healthz").json()["expiry"]["removed"] == 1
     assert not app.state.expiry.stats()["alive"]  # stopped with the app
+
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(not heap._load() or not os.path.exists("/proc/self/status"), reason="glibc and /proc only")
+def test_the_thread_gives_freed_heap_memory_back_to_the_os():
+    libc = heap._load()
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 160 MB in 64 KB blocks (under the mmap threshold: from the heap), every 16th kept, so the
+    # freed ones sit between live blocks where free() alone never returns them.
+    blocks = [libc.malloc(64 * 1024) for _ in range(2560)]
+    for block in blocks:
+        ctypes.memset(block, 1, 64 * 1024)
+    for n, block in enumerate(blocks):
+        if n % 16:
+            libc.free(block)
+    before = rss_mb()
+    cache, _ = make_cache()
+    sweeper = ExpirySweeper(cache, interval_s=0.02).start()
+    try:
+        wait_until(lambda: sweeper.trims >= 1, 5, "a heap trim")
+    finally:
+        sweeper.stop()
+        for block in blocks[::16]:
+            libc.free(block)
+    assert sweeper.errors == 0 and rss_mb() < before - 100
+
+
+_FRAGMENT = """
+import ctypes, sys
+sys.path.insert(0, {root!r})
+from cache_core import heap
+if {pin}:
+    assert heap.pin_mmap_threshold()
+libc = heap._load()
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+libc.free(libc.malloc(4 << 20))  # freeing a mapped 4 MB block raises the threshold past it, unless pinned
+blocks = [libc.malloc(1 << 20) for _ in range(200)]  # as an encoder batch's buffers
+for b in blocks:
+    ctypes.memset(b, 1, 1 << 20)
+before = rss()
+for b in blocks[:-1]:  # the last stays in use, as the next batch's would
+    libc.free(b)
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not heap._load() or not os.path.exists("/proc/self/status"), reason="glibc and /proc only")
+def test_a_pinned_mmap_threshold_gives_freed_megabyte_buffers_back_at_once():
+    import subprocess
+    import sys
+
+    from infra.runtime import REPO_ROOT
+
+    def released_mb(pin: bool) -> float:
+        out = subprocess.run([sys.executable, "-c", _FRAGMENT.format(root=str(REPO_ROOT), pin=pin)],
+                             capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")})
+        assert out.returncode == 0, out.stderr
+        return float(out.stdout)
+
+    assert released_mb(pin=False) < 50       # glibc's default: the freed 199 MB stay in the heap
+    assert released_mb(pin=True) > 150       # pinned: each was its own mapping, returned on free
