@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -157,9 +158,22 @@ def runs(files, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
 
     def run(case, module, args, env):
         tmp = tmp_path_factory.mktemp("run")
-        return case, subprocess.run([sys.executable, "-m", module, *map(fill, args)], cwd=REPO_ROOT,
-                                    env=_env(tmp, {k: fill(v) for k, v in env.items()}),
-                                    capture_output=True, text=True, timeout=180)
+        argv = [sys.executable, "-m", module, *map(fill, args)]
+        # A regression that starts services (the demo) gets SIGTERM first: it stops what it started
+        # (they run in sessions of their own); then its own session is killed.
+        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=_env(tmp, {k: fill(v) for k, v in env.items()}),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = child.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+            try:
+                out, err = child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                out, err = child.communicate()
+            err += "\n[still running after 180 s: killed]"
+        return case, subprocess.CompletedProcess(argv, child.returncode, out, err)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return dict(pool.map(lambda c: run(*c[:4]), CASES))
