@@ -16,7 +16,7 @@ topic (``EntryFollower``), applying the others' changes:
 * a purge removes a namespace's entries of one provenance source (and version), or of
   one question, created before it (``SemanticCache.purge``); like a clear, a matching entry
   stored before it but delivered late is dropped (the last purges per namespace are kept
-  with the offsets).
+  with the offsets). Clears and purges older than the topic's retention are forgotten.
 * a drop removes one entry that "wrong" feedback took out of service on the replica
   that served it (cache_core.feedback). It follows the entry's put in the topic: both
   are keyed by namespace, and the serving replica held the entry before it dropped it.
@@ -184,6 +184,10 @@ class EntryFollower(TopicFollower):
         self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
         self._cleared_at: dict[str, float] = {}
         self._purges: dict[str, list[tuple[float, EntryMatch]]] = {}  # recent purges, for late puts
+        # Past the topic's retention (which the deploy notes ask to cover the longest entry
+        # lifetime) no put created before a clear or purge can still arrive alive: forget it,
+        # or one key per namespace ever cleared stays in memory and in every offsets write.
+        self.remember_s = kafka.entries_retention_ms / 1000
         self._saved_at = float("-inf")
         self.cluster_refresh_s = cluster_refresh_s_in_effect(kafka, cluster_refresh_s)
         self.clock = clock or cache.clock
@@ -222,8 +226,25 @@ class EntryFollower(TopicFollower):
         if self.offsets_path is not None and not self.stats()["alive"] and self._positions:
             self._save_offsets()
 
+    def forget_old_removals(self) -> int:
+        """Drop the clears and purges older than the retention; returns how many went."""
+        horizon = self.clock() - self.remember_s
+        old_clears = [ns for ns, at in self._cleared_at.items() if at < horizon]
+        for ns in old_clears:
+            del self._cleared_at[ns]
+        dropped = len(old_clears)
+        for ns in list(self._purges):
+            kept = [(at, match) for at, match in self._purges[ns] if at >= horizon]
+            dropped += len(self._purges[ns]) - len(kept)
+            if kept:
+                self._purges[ns] = kept
+            else:
+                del self._purges[ns]
+        return dropped
+
     def _save_offsets(self) -> None:
         self.cache.sync_journal()  # offsets may only move past what the write-ahead log holds durably
+        self.forget_old_removals()
         body = {"topic": self.topic, "offsets": {str(tp.partition): o for tp, o in self.positions.items()},
                 "cleared_at": self._cleared_at,
                 "purges": {ns: [[at, asdict(match)] for at, match in purges] for ns, purges in self._purges.items()}}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from kafka import TopicPartition
 
-from cache_core.cache import SemanticCache
+from cache_core.cache import EntryMatch, SemanticCache
 from cache_core.clusters import FLEET_ID_MIN, ClusterModel, OnlineClusters
 from cache_core.events import EntryMessage
 from cache_core.experiments import ArmConfig
@@ -286,3 +286,26 @@ def test_a_retrain_reaches_the_other_replica_through_the_feed():
     bad["clusters"]["ids"] = bad["clusters"]["ids"][:-1]
     _deliver([json.dumps(bad).encode()], follower_b, start=len(feed_a.cluster_values))
     assert follower_b.stats()["malformed"] == 1
+
+
+def test_clears_and_purges_older_than_the_retention_are_forgotten(tmp_path):
+    """One key per namespace ever cleared must not stay in memory and in every offsets write."""
+    clock = ManualClock()
+    a, feed_a, _, exp = _replica("a", clock)
+    b = _replica("b", clock)[0]
+    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    a.clear_namespace("default")
+    a.purge("default", EntryMatch(provenance_source="kb"))
+    follower = EntryFollower(KafkaSettings(entries_topic=KAFKA.entries_topic, entries_retention_ms=3_600_000),
+                             b, "b", MODEL, state_dir=tmp_path)
+    _deliver(feed_a.values, follower)
+    clock.advance(1800)
+    assert follower.forget_old_removals() == 0
+    clock.advance(1801)
+    a.clear_namespace("other")
+    follower.handle(SimpleNamespace(value=feed_a.values[-1], offset=len(feed_a.values) - 1), TP)
+    assert follower.forget_old_removals() == 2  # default's clear and purge; other's is recent
+    assert (follower._cleared_at.keys(), follower._purges) == ({"other"}, {})
+    follower._save_offsets()
+    saved = json.loads((tmp_path / "replication-offsets.json").read_text())
+    assert (set(saved["cleared_at"]), saved["purges"]) == ({"other"}, {})
