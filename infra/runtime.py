@@ -100,6 +100,15 @@ class Service:
         self.proc.wait(timeout=10)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is still running (a service's JVMs, workers)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def spawn(name: str, cmd: list[str], log_path: Path, env: dict | None = None,
           cwd: Path | None = None) -> Service:
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ RUNNING. The job is cancelled and the cluster stopped at teardown, even on failu
 """
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
@@ -18,7 +17,7 @@ import pytest
 from cache_core.publisher import EventPublisher
 from infra.flink.cluster import JOB_FILE, FlinkCluster, start
 from infra.flink.resolve import connector_jar
-from infra.runtime import wait_until
+from infra.runtime import group_alive, wait_until
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import expected_windows, make_events, warehouse_windows
 
@@ -26,14 +25,6 @@ pytestmark = pytest.mark.e2e
 
 WINDOW_S = int(FAST_JOB_ENV["SCACHE_FLINK__WINDOW_S"])
 RESULT_TIMEOUT_S = 120.0
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def flink_cluster(tmp_path):
                     cluster.cancel(job["id"])
         finally:
             cluster.stop()
-    assert not [name for name, pgid in groups.items() if _group_alive(pgid)], "flink processes left after stop"
+    assert not [name for name, pgid in groups.items() if group_alive(pgid)], "flink processes left after stop"
 
 
 def _raw_count(client, request_ids: list[str]) -> int:

@@ -29,6 +29,7 @@ from cache_core.registry import ExperimentRegistry
 from cache_core.settings import KafkaSettings
 from infra.kafka.cluster import KafkaCluster, start_cluster
 from infra.kafka.topics import admin_client, ensure_topics
+from infra.runtime import group_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -50,14 +51,6 @@ BROKER_OVERRIDES = {"broker.session.timeout.ms": "4000", "broker.heartbeat.inter
 DELIVERY_TIMEOUT_S = 60.0
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture
 def kafka_cluster(tmp_path):
     cluster = start_cluster(tmp_path / "kafka-cluster", NODES, overrides=BROKER_OVERRIDES)
@@ -67,7 +60,7 @@ def kafka_cluster(tmp_path):
     finally:
         cluster.stop()
         groups.update({i: s.proc.pid for i, s in cluster.services.items()})  # restarted nodes
-    assert not [i for i, pgid in groups.items() if _group_alive(pgid)], "kafka nodes left after stop"
+    assert not [i for i, pgid in groups.items() if group_alive(pgid)], "kafka nodes left after stop"
 
 
 def _settings(cluster: KafkaCluster) -> KafkaSettings:
