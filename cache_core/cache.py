@@ -48,7 +48,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
@@ -296,6 +297,8 @@ class Partition:
         """Bumped by every insert, removal and rebuild (a stepped exact scan restarts on change)."""
         self.applied = None
         """The experiment snapshot the layout was last aligned to (skip re-aligning it)."""
+        self.retired = False
+        """Taken out of the cache's map (a clear, or idle and empty): inserts go to its successor."""
         self.lookup_waiting_since = 0.0
         """perf_counter() when a lookup last started waiting for the lock (0: none): a
         hint that makes the background exact scan step aside (Python locks are unfair)."""
@@ -591,6 +594,7 @@ class SemanticCache:
         self._feedback_lock = threading.Lock()
         self._partitions: dict[tuple[str, str, str], Partition] = {}
         self._partitions_lock = threading.Lock()
+        self._idle_marks: dict[tuple[str, str, str], int] = {}  # mutations at the last retire_idle_stores
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.journal = None
@@ -788,8 +792,7 @@ class SemanticCache:
         if req.arm_name == HOLDOUT_ARM:
             return result
         arm = req.experiment.arm(req.arm_name)
-        partition = self._partition(item.namespace, req.experiment, arm)
-        with partition.lock:
+        with self._live(lambda: self._partition(item.namespace, req.experiment, arm)) as partition:
             now = self.clock()
             entry = self._new_entry(req, arm, item.query, item.answer, item.namespace, item.scope, item.ttl_s,
                                     now, item.provenance_source, item.provenance_version)
@@ -807,6 +810,7 @@ class SemanticCache:
         removed = 0
         for partition in partitions:
             with partition.lock:
+                partition.retired = True
                 removed += len(partition)
                 partition.journal = None  # one "clear" record stands for all these removals
                 partition.entries.clear()
@@ -892,8 +896,7 @@ class SemanticCache:
         still apply. Returns the outcome: applied, duplicate, stale, expired or too_large."""
         if not entry.alive(self.clock()):
             return "expired"
-        partition = self._partition_by_key(key)
-        with partition.lock:
+        with self._live(lambda: self._partition_by_key(key)) as partition:
             now = self.clock()
             if entry.entry_id in partition.entries:
                 return "duplicate"
@@ -1040,6 +1043,44 @@ class SemanticCache:
     def partitions(self) -> list[Partition]:
         with self._partitions_lock:
             return list(self._partitions.values())
+
+    @contextmanager
+    def _live(self, get: Callable[[], Partition]) -> Iterator[Partition]:
+        """``get()``'s partition with its lock held. One that a clear or ``retire_idle_stores``
+        took out of the map meanwhile is fetched again: an insert into it would be acknowledged
+        and logged, yet served by nothing."""
+        while True:
+            partition = get()
+            with partition.lock:
+                if not partition.retired:
+                    yield partition
+                    return
+
+    def retire_idle_stores(self) -> int:
+        """Take the stores that are empty and that no insert or removal touched since the
+        last call out of the map; returns how many. Without this a namespace or experiment
+        no one uses any more kept its stores, indexes and two metric series each for the life
+        of the process (bench/soak.py: one more store per short-lived namespace). A request
+        for the key later makes a new store."""
+        with self._partitions_lock:
+            candidates = list(self._partitions.items())
+        retired = 0
+        for key, partition in candidates:
+            seen, self._idle_marks[key] = self._idle_marks.get(key), partition.mutations
+            if len(partition) or seen != partition.mutations:
+                continue
+            with partition.lock:
+                if len(partition) or partition.mutations != seen:
+                    continue
+                with self._partitions_lock:
+                    if self._partitions.get(key) is partition:
+                        del self._partitions[key]
+                        partition.retired = True
+                        retired += 1
+        with self._partitions_lock:
+            for key in [k for k in self._idle_marks if k not in self._partitions]:
+                del self._idle_marks[key]
+        return retired
 
     # -- preparation ------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ a tenant stopped using, a retired document set, a conversation that ended) there
 its expired entries for the life of the process, in memory and in every snapshot; the soak
 (bench/soak.py) measured that as entries growing without bound with short-lived namespaces.
 ``ExpirySweeper`` removes them every ``interval_s`` (``SemanticCache.drop_expired``: one
-partition lock at a time, removals logged like any other expiry), then gives the C heap's
+partition lock at a time, removals logged like any other expiry), takes the stores that
+stayed empty and untouched for a whole interval out of the cache
+(``SemanticCache.retire_idle_stores``), then gives the C heap's
 free pages back to the OS (``cache_core.heap.trim``: without it the encoder's freed batch
 buffers kept the RSS climbing; ``trim_heap=False`` leaves the heap alone).
 """
@@ -36,6 +38,7 @@ class ExpirySweeper:
         self.trims = 0
         self.sweeps = 0
         self.removed = 0
+        self.stores_retired = 0
         self.errors = 0
         self.last_sweep_s = 0.0
         self._stop = threading.Event()
@@ -54,16 +57,19 @@ class ExpirySweeper:
         """One pass over every partition; returns how many expired entries it removed."""
         started = time.perf_counter()
         removed = self.cache.drop_expired()
+        retired = self.cache.retire_idle_stores()
         self.last_sweep_s = time.perf_counter() - started
         self.sweeps += 1
         self.removed += removed
-        if removed:
-            log.info("expired entries swept", extra={"removed": removed,
+        self.stores_retired += retired
+        if removed or retired:
+            log.info("expired entries swept", extra={"removed": removed, "stores_retired": retired,
                                                       "seconds": round(self.last_sweep_s, 4)})
         return removed
 
     def stats(self) -> dict:
-        return {"sweeps": self.sweeps, "removed": self.removed, "errors": self.errors, "heap_trims": self.trims,
+        return {"sweeps": self.sweeps, "removed": self.removed,
+                "stores_retired": self.stores_retired, "errors": self.errors, "heap_trims": self.trims,
                 "last_sweep_s": self.last_sweep_s, "alive": self._thread.is_alive()}
 
     def _run(self) -> None:

@@ -47,6 +47,43 @@ def test_a_sweep_removes_the_expired_entries_of_a_namespace_nobody_asks_any_more
     assert sweeper.stats()["sweeps"] == 2 and sweeper.stats()["removed"] == 1
 
 
+
+def stores(cache) -> set[str]:
+    return {p.key[0] for p in cache.partitions()}
+
+
+def test_a_store_left_empty_for_a_whole_interval_is_retired_and_comes_back_on_use():
+    cache, clock = make_cache()
+    cache.store("old question", "a", unit_id="u", namespace="abandoned", ttl_s=10)
+    cache.store("kept question", "b", unit_id="u", namespace="busy", ttl_s=1000)
+    clock.advance(20)
+    sweeper = ExpirySweeper(cache, interval_s=60)
+    sweeper.sweep()  # removes the expired entry: the store changed in this pass, so it stays
+    assert stores(cache) == {"abandoned", "busy"}
+    sweeper.sweep()  # empty and untouched since the last pass
+    assert stores(cache) == {"busy"} and sweeper.stats()["stores_retired"] == 1
+    assert not cache.lookup("old question", unit_id="u", namespace="abandoned").hit
+    assert cache.store("old question", "again", unit_id="u", namespace="abandoned").stored
+    assert cache.lookup("old question", unit_id="u", namespace="abandoned").answer == "again"
+    sweeper.sweep()
+    sweeper.sweep()
+    assert stores(cache) == {"abandoned", "busy"}  # stores holding entries are never retired
+
+
+def test_an_insert_into_a_store_retired_under_it_lands_in_its_successor():
+    """A request holds its store from before the lock: had the sweep (or a clear) taken it out
+    of the map meanwhile, the insert would be acknowledged and logged yet served by nothing."""
+    cache, _ = make_cache()
+    cache.lookup("old question", unit_id="u", namespace="n")  # makes the (empty) store
+    stale = next(p for p in cache.partitions() if p.key[0] == "n")
+    cache.retire_idle_stores()
+    assert cache.retire_idle_stores() == 1 and stale.retired
+    fetched = iter([stale])  # the first fetch returns the store as the request saw it
+    with cache._live(lambda: next(fetched, None) or cache._partition_by_key(stale.key)) as partition:
+        assert partition is not stale and not partition.retired
+    assert cache.store("old question", "a", unit_id="u", namespace="n").stored
+    assert cache.lookup("old question", unit_id="u", namespace="n").hit
+
 def test_the_thread_sweeps_on_its_interval_and_stops():
     cache, clock = make_cache()
     cache.store("old question", "a", unit_id="u", namespace="abandoned", ttl_s=10)
