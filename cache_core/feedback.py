@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from kafka import TopicPartition
 
 from cache_core.events import FeedbackEvent
 from cache_core.follower import TopicFollower
+from cache_core.persistence import replace_durably
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -179,17 +179,8 @@ class FeedbackFollower(TopicFollower):
         body = {"topic": self.topic, "saved_at": self.clock(),
                 "offsets": {str(tp.partition): offset for tp, offset in self.positions.items()},
                 "hits": self.cache.served.export()}
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(body, separators=(",", ":")))  # one write: json.dump writes piece by piece
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
-        dir_fd = os.open(self.state_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # One write: json.dump would write piece by piece.
+        replace_durably(self.state_path, json.dumps(body, separators=(",", ":")).encode())
         log.info("feedback state saved", extra={"path": str(self.state_path), "hits": len(body["hits"]),
                                                 "offsets": body["offsets"]})
         return self.state_path

@@ -127,6 +127,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def replace_durably(path: Path, data: bytes) -> None:
+    """Make ``path`` hold ``data``, all or nothing across a crash: a temporary file beside it,
+    fsynced, renamed over it, and the directory fsynced so the rename itself is kept."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 def _segment_path(directory: Path, seq: int) -> Path:
     return directory / f"wal-{seq:08d}.log"
 
@@ -391,10 +403,7 @@ class Persistence:
             os.fsync(f.fileno())
 
     def _switch_current(self, name: str, segment: int) -> None:
-        tmp = self.directory / (CURRENT + ".tmp")
-        self._write(tmp, lambda f: f.write(json.dumps({"snapshot": name, "log_from": segment}).encode()))
-        os.rename(tmp, self.directory / CURRENT)
-        _fsync_dir(self.directory)
+        replace_durably(self.directory / CURRENT, json.dumps({"snapshot": name, "log_from": segment}).encode())
 
     def _delete_before(self, segment: int, keep: str) -> None:
         for seq, path in _segments(self.directory):
