@@ -247,6 +247,9 @@ def test_a_replica_starting_after_the_cluster_opens_left_the_topic_gets_every_cl
     centroids = lambda r: dict(zip(r.cache.clusters.ids(), r.cache.clusters.export_state()["centroids"]))
     assert all(np.allclose(centroids(late)[cid], centroids(one)[cid], atol=1e-6) for cid in opened)
     assert late.cache.lookup(PARAPHRASE, unit).intent_cluster == opened[0]  # not a new id of its own
+    # One copy goes out per interval fleet-wide, from whichever replica's jittered timer fires
+    # first: two reads its own as "own", so wait until one of replica one's has reached it.
+    wait_for(lambda: two.follower.stats()["duplicate"] >= 1, 6 * refresh_s + 20, "a copy from replica one on two")
     two_after = two.cache.clusters.export_state()  # a replica on the model: the copies moved nothing
     assert two_after["ids"] == two_before["ids"] and np.array_equal(two_after["centroids"], two_before["centroids"])
     assert two.follower.stats()["clusters"] == 3 and two.follower.stats()["duplicate"] >= 1
