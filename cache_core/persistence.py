@@ -119,7 +119,8 @@ def _parse(line: bytes) -> dict | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (a create, rename or unlink in it) survive a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -136,7 +137,7 @@ def replace_durably(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _segment_path(directory: Path, seq: int) -> Path:
@@ -217,7 +218,7 @@ class Journal:
             self.stats.segment += 1
             self._file = open(_segment_path(self.directory, self.stats.segment), "ab", buffering=0)
             self._unsynced = False
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             return self.stats.segment
 
     def snapshot_taken(self) -> None:
@@ -390,10 +391,10 @@ class Persistence:
         state = cache.clusters.export_state()
         self._write(tmp / "clusters.npy", lambda f: np.save(f, state.pop("centroids")))
         self._write(tmp / "clusters.json", lambda f: f.write(json.dumps(state).encode()))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(tmp, target)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     @staticmethod
     def _write(path: Path, write) -> None:

@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache_core.persistence import fsync_dir
+
 log = logging.getLogger(__name__)
 
 SEGMENT_PREFIX = "seg-"
@@ -147,7 +149,7 @@ class Spool:
         path = self.directory / f"{SEGMENT_PREFIX}{last + 1:012d}{SEGMENT_SUFFIX}"
         self._writer = open(path, "ab")
         self._writer_size = 0
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     # -- reading and acknowledging ---------------------------------------------------
 
@@ -258,11 +260,3 @@ class Spool:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
