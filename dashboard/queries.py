@@ -86,15 +86,14 @@ WHERE experiment_id = {experiment_id:String}
   AND ({namespace:String} = '' OR namespace = {namespace:String})
 """
 
+_SUMS = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count",
+         "ann_checks", "ann_agreements"]
+"""The counters the arm summary and every breakdown add up (and ``COLUMNS`` expects of them)."""
+_SUMS_SQL = ",\n".join(f"       sum({c}) AS {c}" for c in _SUMS)
+
 ARM_SUMMARY_SQL = f"""
 SELECT arm,
-       sum(requests) AS requests,
-       sum(hits) AS hits,
-       sum(decayed_hits) AS decayed_hits,
-       sum(similarity_sum) AS similarity_sum,
-       sum(similarity_count) AS similarity_count,
-       sum(ann_checks) AS ann_checks,
-       sum(ann_agreements) AS ann_agreements,
+{_SUMS_SQL},
        sum(guard_blocks) AS guard_blocks,
        sum(latency_sum_ms) AS latency_sum_ms
 FROM window_agg FINAL
@@ -127,13 +126,7 @@ ORDER BY bucket, arm
 _BREAKDOWN_TEMPLATE = """
 SELECT arm,
        {dimension},
-       sum(requests) AS requests,
-       sum(hits) AS hits,
-       sum(decayed_hits) AS decayed_hits,
-       sum(similarity_sum) AS similarity_sum,
-       sum(similarity_count) AS similarity_count,
-       sum(ann_checks) AS ann_checks,
-       sum(ann_agreements) AS ann_agreements
+{sums}
 FROM window_agg FINAL
 {where}
 GROUP BY arm, {dimension}
@@ -141,7 +134,8 @@ ORDER BY arm, {dimension}
 """
 # Built once from the closed BREAKDOWNS vocabulary: column names never come from input.
 BREAKDOWN_SQL: dict[str, str] = {
-    dim: _BREAKDOWN_TEMPLATE.format(dimension=dim, where=_WINDOW_FILTER) for dim in BREAKDOWNS
+    dim: _BREAKDOWN_TEMPLATE.format(dimension=dim, sums=_SUMS_SQL, where=_WINDOW_FILTER)
+    for dim in BREAKDOWNS
 }
 
 NAMESPACES_SQL = """
@@ -389,8 +383,6 @@ ORDER BY experiment_id
 """
 
 
-_SUMS = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count",
-         "ann_checks", "ann_agreements"]
 COLUMNS: dict[str, list[str]] = {
     ARM_SUMMARY_SQL: ["arm", *_SUMS, "guard_blocks", "latency_sum_ms"],
     LATENCY_HIST_SQL: ["arm", "requests", "latency_hist"],
