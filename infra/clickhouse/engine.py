@@ -12,6 +12,8 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,10 +112,7 @@ class ChdbEngine:
     def execute(self, sql: bytes, *, fmt: str, database: str = "default",
                 settings: dict[str, str] | None = None, params: dict[str, str] | None = None) -> Outcome:
         """Run one statement as ClickHouse would for a sessionless HTTP request."""
-        with self._lock:
-            self._require_open()
-            self._use_database(database)
-            self._sync_settings(settings or {})
+        with self._request(database, settings):
             started = time.perf_counter_ns()
             try:
                 result = self._session.query(sql, fmt, params=params or {})
@@ -132,10 +131,7 @@ class ChdbEngine:
 
         Goes through chdb's streaming inserter: a query string is not binary-safe.
         """
-        with self._lock:
-            self._require_open()
-            self._use_database(database)
-            self._sync_settings(settings or {})
+        with self._request(database, settings):
             started = time.perf_counter_ns()
             try:
                 inserter = self._session.send_insert(statement, fmt)
@@ -145,6 +141,15 @@ class ChdbEngine:
             except Exception as exc:
                 raise ClickHouseError.from_chdb(exc) from None
             return Outcome(b"", 0, 0, result.rows_written, result.bytes_written, time.perf_counter_ns() - started)
+
+    @contextmanager
+    def _request(self, database: str, settings: dict[str, str] | None) -> Iterator[None]:
+        """Holds the lock, with the session open on ``database`` and exactly ``settings`` changed."""
+        with self._lock:
+            self._require_open()
+            self._use_database(database)
+            self._sync_settings(settings or {})
+            yield
 
     def _require_open(self) -> None:
         if self._session is None:
