@@ -181,10 +181,8 @@ def test_this_replicas_capacity_and_lru_apply_to_replicated_entries():
 
 
 def test_offsets_and_clear_times_survive_a_restart(tmp_path):
-    clock = ManualClock()
-    a, feed_a, _, exp = _replica("a", clock)
-    b = _replica("b", clock)[0]
-    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    clock, (a, feed_a), (b, _, _), unit = _pair()
+    a.store("reset my pin", "Card > PIN", unit)
     a.clear_namespace("default")
     follower = EntryFollower(KAFKA, b, "b", MODEL, state_dir=tmp_path)
     _deliver(feed_a.values, follower)
@@ -290,10 +288,8 @@ def test_a_retrain_reaches_the_other_replica_through_the_feed():
 
 def test_clears_and_purges_older_than_the_retention_are_forgotten(tmp_path):
     """One key per namespace ever cleared must not stay in memory and in every offsets write."""
-    clock = ManualClock()
-    a, feed_a, _, exp = _replica("a", clock)
-    b = _replica("b", clock)[0]
-    a.store("reset my pin", "Card > PIN", unit_in_arm(exp, "a"))
+    clock, (a, feed_a), (b, _, _), unit = _pair()
+    a.store("reset my pin", "Card > PIN", unit)
     a.clear_namespace("default")
     a.purge("default", EntryMatch(provenance_source="kb"))
     follower = EntryFollower(KafkaSettings(entries_topic=KAFKA.entries_topic, entries_retention_ms=3_600_000),
