@@ -32,7 +32,7 @@ import sys
 import time
 
 import kafka.errors as Errors
-from kafka.admin import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from cache_core.events import ENTRY_MESSAGE_MAX_BYTES
 from cache_core.settings import KafkaSettings
@@ -82,10 +82,15 @@ def admin_client(kafka: KafkaSettings, timeout_s: float = 10.0) -> KafkaAdminCli
 
 
 def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
-    """Create missing topics and wait until every partition has a leader. Safe to repeat.
+    """Create missing topics, reconcile existing ones, wait until every partition has a leader.
 
-    An existing topic with fewer partitions than configured is grown; one with more
-    is left alone (Kafka cannot shrink a topic) and a warning is logged.
+    Safe to repeat. An existing topic with fewer partitions than configured is grown; one
+    with more is left alone (Kafka cannot shrink a topic) and a warning is logged, as for
+    a replication factor other than configured (changing it means a reassignment, an
+    operator's decision). Of an existing topic's configs, those scache manages (the
+    ``configs`` of topic_specs) are set back to scache's values at topic level, so a topic
+    created by an older version gets today's min.insync.replicas; any other config an
+    operator set on the topic is kept.
     """
     specs = topic_specs(kafka)
     admin = admin_client(kafka, timeout_s)
@@ -100,8 +105,66 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
                                    f"{topic.get('error_message') or ''}".rstrip())
         admin.wait_for_topics(list(specs), timeout_ms=int(timeout_s * 1000))
         _grow_partitions(admin, specs, timeout_s)
+        _warn_on_replication(admin, specs)
+        _reconcile_configs(admin, specs)
     finally:
         admin.close()
+
+
+def config_changes(specs: dict[str, dict], described: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """Topic -> {key: (old value, old source, new value)} for the managed configs to set.
+
+    ``described`` is describe_configs(config_filter="all")["topic"]. A managed key is set
+    when its effective value differs, and also when the value comes from the broker (a
+    default or a broker-level setting) rather than the topic: scache pins its configs on
+    the topic, as at creation, so they hold whatever the brokers' defaults become.
+    """
+    changes: dict[str, dict] = {}
+    for topic, spec in specs.items():
+        have = described.get(topic, {})
+        diff = {}
+        for key, want in spec["configs"].items():
+            entry = have.get(key) or {}
+            old, source = entry.get("value"), entry.get("config_source")
+            if old != want or source != "DYNAMIC_TOPIC_CONFIG":
+                diff[key] = (old, source, want)
+        if diff:
+            changes[topic] = diff
+    return changes
+
+
+def _reconcile_configs(admin: KafkaAdminClient, specs: dict[str, dict], incremental: bool | None = None) -> None:
+    """incremental=None: IncrementalAlterConfigs if the broker has it (tests force False)."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in specs]
+    described = admin.describe_configs(resources, config_filter="all").get("topic", {})
+    changes = config_changes(specs, described)
+    if not changes:
+        return
+    for topic, diff in changes.items():
+        for key, (old, source, new) in diff.items():
+            log.info("changing topic config", extra={"topic": topic, "config": key, "old": old,
+                                                     "old_source": source, "new": new})
+    # Only the changed keys are sent. On a broker with IncrementalAlterConfigs (Kafka 2.3+)
+    # kafka-python uses it (SET per key, nothing else touched); on an older one it sends the
+    # legacy AlterConfigs, which resets every key not sent, and first adds every other
+    # non-default key it reads back from the topic, so operator-set configs survive either way.
+    result = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                 {key: new for key, (_, _, new) in diff.items()})
+                                  for topic, diff in changes.items()], incremental=incremental)
+    failed = {topic: outcome for topic, outcome in result.get("topic", {}).items() if outcome != "OK"}
+    missing = set(changes) - set(result.get("topic", {}))
+    if failed or missing:
+        raise RuntimeError(f"cannot change topic configs: {failed or ''} "
+                           f"{'no answer for ' + str(sorted(missing)) if missing else ''}".strip())
+
+
+def _warn_on_replication(admin: KafkaAdminClient, specs: dict[str, dict]) -> None:
+    for topic in admin.describe_topics(list(specs)):
+        want = specs[topic["name"]]["replication_factor"]
+        have = sorted({len(p["replica_nodes"]) for p in topic["partitions"]})
+        if have != [want]:
+            log.warning("topic has a replication factor other than configured (not changed)",
+                        extra={"topic": topic["name"], "have": have, "want": want})
 
 
 def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict], timeout_s: float) -> None:

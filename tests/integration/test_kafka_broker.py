@@ -1,17 +1,19 @@
 """The embedded broker and the topics scache creates on it."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from infra.kafka.topics import admin_client, ensure_topics
+from infra.kafka.topics import admin_client, ensure_topics, topic_specs
 from infra.runtime import REPO_ROOT, port_open
 
 pytestmark = pytest.mark.integration
@@ -64,6 +66,61 @@ def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings):
     ensure_topics(grown)
     assert _partitions(grown)[grown.events_topic] == kafka_settings.events_partitions + 1
 
+
+def _fresh_settings(kafka_settings):
+    suffix = uuid.uuid4().hex[:10]
+    return kafka_settings.model_copy(update={
+        "events_topic": f"scache.events.{suffix}", "control_topic": f"scache.control.{suffix}",
+        "feedback_topic": f"scache.feedback.{suffix}", "entries_topic": f"scache.entries.{suffix}"})
+
+
+def test_ensure_topics_fixes_managed_configs_of_existing_topics_and_keeps_others(kafka_settings, caplog):
+    kafka = _fresh_settings(kafka_settings)
+    specs = topic_specs(kafka)
+    # As an older version (or an operator) left them: events with a wrong retention and no
+    # topic-level min.insync.replicas, plus a config scache does not manage.
+    old_events = {"retention.ms": "3600000", "cleanup.policy": "delete", "compression.type": "zstd"}
+    admin = admin_client(kafka)
+    try:
+        result = admin.create_topics({kafka.events_topic: {**specs[kafka.events_topic], "configs": old_events}},
+                                     raise_errors=False)
+        assert result["topics"][0]["error_code"] == 0, result
+        admin.wait_for_topics([kafka.events_topic], timeout_ms=30_000)
+    finally:
+        admin.close()
+    assert _configs(kafka, kafka.events_topic)["retention.ms"] == "3600000"
+
+    with caplog.at_level(logging.INFO, logger="infra.kafka.topics"):
+        ensure_topics(kafka)
+    events = _configs(kafka, kafka.events_topic)
+    assert events["retention.ms"] == str(kafka.events_retention_ms)
+    assert events["min.insync.replicas"] == "1"
+    assert events["compression.type"] == "zstd"  # the operator's, untouched
+    for topic, spec in specs.items():
+        have = _configs(kafka, topic)
+        assert {k: have.get(k) for k in spec["configs"]} == spec["configs"], topic
+    changed = {(r.topic, r.config): (r.old, r.new) for r in caplog.records if r.msg == "changing topic config"}
+    assert changed[(kafka.events_topic, "retention.ms")] == ("3600000", str(kafka.events_retention_ms))
+    assert changed[(kafka.events_topic, "min.insync.replicas")] == ("1", "1")  # pinned on the topic
+    assert (kafka.events_topic, "cleanup.policy") not in changed  # already set on the topic
+
+    # Reconciled: a second run changes nothing.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="infra.kafka.topics"):
+        ensure_topics(kafka)
+    assert not [r for r in caplog.records if r.msg == "changing topic config"]
+    assert _configs(kafka, kafka.events_topic)["compression.type"] == "zstd"
+
+
+
+def test_ensure_topics_warns_on_a_replication_factor_it_does_not_change(kafka_settings, caplog):
+    # The topics exist at RF 1; asked for RF 2 (which one broker could not even create),
+    # ensure_topics leaves them be and says so.
+    wanted = kafka_settings.model_copy(update={"replication_factor": 2})
+    with caplog.at_level(logging.WARNING, logger="infra.kafka.topics"):
+        ensure_topics(wanted)
+    warned = {r.topic: (r.have, r.want) for r in caplog.records if "replication factor" in r.msg}
+    assert warned == {t: ([1], 2) for t in topic_specs(wanted)}
 
 def test_broker_does_not_auto_create_topics(kafka_settings):
     consumer = KafkaConsumer(bootstrap_servers=kafka_settings.bootstrap_servers, group_id=None,
