@@ -23,7 +23,29 @@ from tests.unit.cache_helpers import RecordingPublisher
 TOKEN = "s3cret-admin"
 
 
-class Upstream:
+class Served:
+    """An ASGI app under a real uvicorn server on a free port, in a daemon thread, for the
+    length of a ``with`` block (``port``: where it listens)."""
+
+    def __init__(self, app, name: str = "scache server", start_timeout_s: float = 30,
+                 stop_timeout_s: float = 15):
+        self.name, self.start_timeout_s, self.stop_timeout_s = name, start_timeout_s, stop_timeout_s
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_until(lambda: self.server.started, self.start_timeout_s, self.name)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(self.stop_timeout_s)
+
+
+class Upstream(Served):
     """A tiny OpenAI-compatible server on a free port, run by uvicorn in a thread.
 
     ``stream: true`` is answered with SSE chunks, one per word. Questions that misbehave:
@@ -60,10 +82,7 @@ class Upstream:
             from fastapi.responses import JSONResponse
             return JSONResponse(status_code=429, content={"error": {"message": "rate limited"}})
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(app, "upstream server", start_timeout_s=20, stop_timeout_s=10)
 
     async def _chunks(self, question: str, model: str, call: int):
         def event(delta: dict, finish_reason=None) -> bytes:
@@ -80,15 +99,6 @@ class Upstream:
                 raise RuntimeError("upstream crashed mid-stream")
         yield event({}, "length" if question == "truncate please" else "stop")
         yield b"data: [DONE]\n\n"
-
-    def __enter__(self):
-        self.thread.start()
-        wait_until(lambda: self.server.started, 20, "upstream server")
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,17 @@ and cached only when the stream finished with "stop", upstream errors answered c
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
-import uvicorn
 
 from cache_core.experiments import ExperimentConfig
 from cache_core.registry import ExperimentRegistry
 from cache_core.service import create_app
 from cache_core.settings import Settings
-from infra.runtime import free_port, wait_until
+from infra.runtime import free_port
 from tests.unit.cache_helpers import RecordingPublisher
-from tests.unit.test_service_chat_admin import Upstream, make_client, new_config
+from tests.unit.test_service_chat_admin import Served, Upstream, make_client, new_config
 
 DONE = "[DONE]"
 
@@ -140,26 +138,6 @@ def test_upstream_that_ignores_stream_still_gives_the_client_a_stream(client, up
     assert stream(client, "no stream please").headers["x-scache-hit"] == "1"
 
 
-class Served:
-    """The scache app under a real uvicorn server in a thread (TestClient hands over a
-    streamed body only once it is complete, so it cannot show chunks arriving)."""
-
-    def __init__(self, app):
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        wait_until(lambda: self.server.started, 30, "scache server")
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(15)
-
-
 def test_miss_chunks_reach_the_client_before_the_upstream_has_finished(minilm_embedder, upstream):
     settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
     registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
@@ -167,6 +145,7 @@ def test_miss_chunks_reach_the_client_before_the_upstream_has_finished(minilm_em
                      control_publisher=lambda message: None)
     upstream.gate.clear()
     body = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "wait for the gate"}]}
+    # A real server: TestClient hands over a streamed body only once it is complete.
     with Served(app) as served, httpx.Client(timeout=30) as http:
         url = f"http://127.0.0.1:{served.port}/v1/chat/completions"
         with http.stream("POST", url, json=body) as response:
