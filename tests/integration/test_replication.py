@@ -8,7 +8,7 @@ import pytest
 import yaml
 from kafka import TopicPartition
 
-from cache_core.cache import SemanticCache
+from cache_core.cache import LookupResult, SemanticCache
 from cache_core.events import FeedbackEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
 from cache_core.feedback import FeedbackFollower
@@ -75,6 +75,18 @@ def replicas(kafka_settings, minilm_embedder, tmp_path):
         replica.stop()
 
 
+def _two_entries_and_a_hit_on_two(one: Replica, two: Replica) -> tuple[str, LookupResult]:
+    """Replica one stores QUESTION and another question for a unit of arm a; once both reached
+    replica two, two serves a hit on QUESTION's paraphrase: the unit and that hit."""
+    unit = unit_in("a")
+    one.cache.store(QUESTION, "Card > PIN.", unit)
+    one.cache.store("How do I close my account?", "Settings > Close.", unit)
+    wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
+    served = two.cache.lookup(PARAPHRASE, unit)
+    assert served.hit
+    return unit, served
+
+
 def test_replicas_share_entries_per_arm_and_a_new_one_warms_up(replicas):
     one, two = replicas("one"), replicas("two")
     unit_a, unit_b = unit_in("a"), unit_in("b")
@@ -112,12 +124,7 @@ def test_a_wrong_verdict_taken_by_another_replica_removes_the_entry_everywhere(r
     followers = [FeedbackFollower(kafka_settings, r.cache).start() for r in (one, two)]
     try:
         assert all(f.wait_caught_up(30) for f in followers)
-        unit = unit_in("a")
-        one.cache.store(QUESTION, "Card > PIN.", unit)
-        one.cache.store("How do I close my account?", "Settings > Close.", unit)
-        wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
-        served = two.cache.lookup(PARAPHRASE, unit)
-        assert served.hit
+        unit, served = _two_entries_and_a_hit_on_two(one, two)
 
         # Replica one takes the verdict: not its hit, so it only publishes it.
         assert one.cache.apply_feedback(served.request_id, "wrong") == "unknown"
@@ -160,12 +167,7 @@ def test_a_verdict_posted_while_the_serving_replica_was_down_is_applied_after_a_
     one, two = replicas("one"), replicas("two", persist=True)
     feedback_two = FeedbackFollower(kafka_settings, two.cache, state_dir=two.persistence.directory).start()
     assert feedback_two.wait_caught_up(30)
-    unit = unit_in("a")
-    one.cache.store(QUESTION, "Card > PIN.", unit)
-    one.cache.store("How do I close my account?", "Settings > Close.", unit)
-    wait_for(lambda: two.entries() == 2, 30, "both entries on replica two")
-    served = two.cache.lookup(PARAPHRASE, unit)
-    assert served.hit
+    unit, served = _two_entries_and_a_hit_on_two(one, two)
     # An earlier verdict, applied before the stop: read again after the restart, it must not count twice.
     settled = two.cache.lookup(PARAPHRASE, unit)
     one.publisher.publish_feedback(FeedbackEvent(request_id=settled.request_id, verdict="correct"))
