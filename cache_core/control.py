@@ -58,10 +58,14 @@ def parse_control(value: bytes | None) -> ControlMessage:
     if value is None:
         raise ValueError("tombstone (no value)")
     try:
-        return ControlMessage.model_validate_json(value)
+        # Strict like the admin API: a field no reader knows, or "2" for a version, is refused
+        # (counted as malformed by the listener), not silently ignored or coerced.
+        return ControlMessage.model_validate_json(value, strict=True)
     except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"])) or "message"
         raise ValueError(f"invalid control message: {exc.error_count()} error(s): "
-                         f"{exc.errors()[0]['msg']}") from None
+                         f"{where}: {first['msg']}") from None
 
 
 def _control_partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:

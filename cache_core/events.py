@@ -14,7 +14,7 @@ import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cache_core.experiments import ExperimentConfig, SimilarityKind
 
@@ -109,7 +109,10 @@ class FeedbackEvent(BaseModel):
 class ControlMessage(BaseModel):
     """A full experiment config. Published by ``cache_core.control.publish_control``
     under a key unique per message (``control_key``), so compaction keeps every change
-    and the fold (``cache_core.registry.ControlFold``) decides which one is in force."""
+    and the fold (``cache_core.registry.ControlFold``) decides which one is in force.
+    Closed like the config it carries: an unknown field makes the record malformed."""
+
+    model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
     kind: Literal["experiment"] = "experiment"

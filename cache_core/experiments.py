@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 TtlPolicy = Literal["absolute", "sliding"]
@@ -23,7 +23,16 @@ LexicalKind = Literal["word", "char3"]
 HOLDOUT_ARM = "holdout"
 
 
-class CanaryConfig(BaseModel):
+class _Closed(BaseModel):
+    """Every level of an experiment config refuses unknown fields: on a control panel a typo
+    ("treshold") that silently does nothing is the worst failure. Input from outside (the
+    experiments file, the admin API, the control topic) is also validated with ``strict=True``
+    (``parse_experiment`` / ``parse_experiment_json``): "2" or true is not a number there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CanaryConfig(_Closed):
     """A pending threshold (and, on a multi arm, score floor / answer margin) change tried
     on a share of one arm's units first.
 
@@ -48,7 +57,7 @@ class CanaryConfig(BaseModel):
                                                 ("answer_margin", self.answer_margin)) if value is not None}
 
 
-class MultiSimilarityConfig(BaseModel):
+class MultiSimilarityConfig(_Closed):
     """Re-ranking of the top-k candidates by a mixed score (cache_core.similarity).
 
     Defaults chosen on tuning data only (GPTCache mock pairs with even index, a
@@ -76,7 +85,7 @@ class MultiSimilarityConfig(BaseModel):
         return self
 
 
-class ArmConfig(BaseModel):
+class ArmConfig(_Closed):
     name: str = Field(min_length=1, max_length=64)
     # Finite: an infinite weight makes the arm probabilities NaN (every unit in the last arm).
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
@@ -130,7 +139,7 @@ class ArmConfig(BaseModel):
         return self.threshold
 
 
-class ExperimentConfig(BaseModel):
+class ExperimentConfig(_Closed):
     experiment_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     salt: str = Field(min_length=1)
     # Share of units that enter the experiment; the rest are holdout and
@@ -162,6 +171,17 @@ class ExperimentConfig(BaseModel):
         probs = {a.name: self.traffic_share * a.weight / total for a in self.arms}
         probs[HOLDOUT_ARM] = 1.0 - self.traffic_share
         return probs
+
+
+def parse_experiment(data: object) -> ExperimentConfig:
+    """An experiment config from outside (the YAML file, a decoded JSON object): unknown fields
+    at any level and wrong types (a string or bool for a number) are refused, int -> float is fine."""
+    return ExperimentConfig.model_validate(data, strict=True)
+
+
+def parse_experiment_json(raw: str | bytes) -> ExperimentConfig:
+    """``parse_experiment`` for a JSON document (JSON object keys, e.g. cluster ids, are strings)."""
+    return ExperimentConfig.model_validate_json(raw, strict=True)
 
 
 class Assignment(BaseModel):
@@ -229,7 +249,7 @@ def load_experiments(path: Path) -> dict[str, ExperimentConfig]:
     if not isinstance(items, list):
         raise ValueError(f"experiments file {path} must hold a mapping with a list under 'experiments:'")
     try:
-        experiments = [ExperimentConfig.model_validate(item) for item in items]
+        experiments = [parse_experiment(item) for item in items]
     except ValidationError as exc:  # one line per problem is too many for a start-up error
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'experiment'}: {e['msg']}"
                              for e in exc.errors(include_url=False))

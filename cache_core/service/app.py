@@ -23,7 +23,7 @@ from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
 from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
-from cache_core.experiments import ExperimentConfig
+from cache_core.experiments import parse_experiment_json
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.replication import EntryFollower, share
@@ -434,7 +434,7 @@ def _add_admin_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRe
         if denied is not None:
             return denied
         try:
-            config = ExperimentConfig.model_validate_json(await request.body())
+            config = parse_experiment_json(await request.body())
         except ValidationError as exc:
             return JSONResponse(status_code=422, content={"detail": _errors_detail(exc.errors(include_url=False))})
         if config.experiment_id != experiment_id:

@@ -8,8 +8,7 @@ snapshot directory restores them. The status chosen per case: 422 for a body or 
 does not validate (the strict schemas forbid unknown fields, so they are 422 too), 401/403 for a
 missing/wrong admin token, 404 for an unknown experiment, 409 for a stale config version.
 Accepted on purpose (see ``ACCEPTED``): unknown fields in chat requests (OpenAI fields are passed
-upstream) and in admin experiment configs (ExperimentConfig ignores them, so control-topic records
-of another version still load), ids that are blank but not empty (ids are opaque; the cache refuses
+upstream), ids that are blank but not empty (ids are opaque; the cache refuses
 only empty ones), and namespaces with odd characters in admin paths (any stored namespace, "/"
 included, can be cleared)."""
 from __future__ import annotations
@@ -18,8 +17,16 @@ import copy
 import json
 import re
 
+from types import SimpleNamespace
+
 import pytest
+import yaml
 from fastapi.testclient import TestClient
+from kafka import TopicPartition
+
+from cache_core.control import ControlListener, parse_control
+from cache_core.events import ControlMessage
+from cache_core.experiments import ExperimentConfig, load_experiments
 
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
@@ -206,7 +213,46 @@ def _experiment_cases():
         ("arm guard unknown", {"arms": arms(guards=["profanity"])}), ("arm canary share zero",
                                                                        {"arms": arms(canary={"threshold": 0.8, "share": 0})}),
     )]
+    cases += [(name, body) for name, body, _ in UNKNOWN_FIELDS + WRONG_TYPES]
     return cases
+
+
+def _experiment_with(path: tuple, value) -> dict:
+    """EXPERIMENT with ``value`` set at ``path`` (keys and list indexes), parents created."""
+    body = copy.deepcopy(EXPERIMENT)
+    node = body
+    for key in path[:-1]:
+        if isinstance(node, dict) and node.get(key) is None:
+            node[key] = dict(_CANARY) if key == "canary" else {}
+        node = node[key]
+    node[path[-1]] = value
+    return body
+
+
+_CANARY = {"threshold": 0.85, "share": 0.1}
+# (case, body, the loc the 422 must name): a typo at every level of the config is refused by name,
+# not ignored ("treshold" silently doing nothing is the worst failure of a control panel).
+UNKNOWN_FIELDS = [(f"unknown field {'.'.join(map(str, loc))}", body, list(loc)) for loc, body in (
+    (("treshold",), _experiment_with(("treshold",), 0.5)),
+    (("arms", 0, "treshold"), _experiment_with(("arms", 0, "treshold"), 0.5)),
+    (("arms", 1, "ttl_seconds"), _experiment_with(("arms", 1, "ttl_seconds"), 60)),
+    (("arms", 0, "ivf_nprobes"), _experiment_with(("arms", 0, "ivf_nprobes"), 4)),
+    (("arms", 0, "guard"), _experiment_with(("arms", 0, "guard"), ["negation"])),
+    (("arms", 0, "cluster_threshold"), _experiment_with(("arms", 0, "cluster_threshold"), {"3": 0.9})),
+    (("arms", 0, "canary", "shares"), _experiment_with(("arms", 0, "canary"), {**_CANARY, "shares": 0.2})),
+    (("arms", 0, "multi", "tokn"), _experiment_with(("arms", 0, "multi"), {"tokn": 0.4})),
+)]
+# A number given as a string or a bool is refused, not coerced (int -> float stays accepted).
+WRONG_TYPES = [(f"wrong type {'.'.join(map(str, loc))} {value!r}", _experiment_with(loc, value), list(loc))
+               for loc, value in (
+    (("version",), str(EXPERIMENT["version"])), (("version",), True), (("version",), float(EXPERIMENT["version"])),
+    (("traffic_share",), "1"), (("traffic_share",), True), (("updated_at_ms",), "5"),
+    (("arms", 0, "weight"), "2"), (("arms", 0, "weight"), True), (("arms", 0, "threshold"), "0.8"),
+    (("arms", 0, "threshold"), False), (("arms", 0, "ttl_s"), "60"), (("arms", 0, "capacity_entries"), "10"),
+    (("arms", 0, "ivf_nlist"), True), (("arms", 0, "invalidate_after_wrong"), "1"),
+    (("arms", 0, "cluster_thresholds", "3"), "0.9"), (("arms", 0, "canary", "share"), "0.1"),
+    (("arms", 0, "multi", "token"), True),
+)]
 
 
 def _chat_cases():
@@ -290,8 +336,6 @@ ACCEPTED = [
      encoded(with_(CHAT, messages=[{"role": "wizard", "content": "x"}, {"role": "user", "content": "wizard question"}]))),
     ("chat unknown fields pass through", "POST", "/v1/chat/completions", JSON,
      encoded(with_(CHAT, temperature=0.2, metadata={"a": 1}, messages=[{"role": "user", "content": "extra question", "name": "bob"}]))),
-    ("put with an unknown field", "PUT", f"/v1/admin/experiments/{EXPERIMENT['experiment_id']}", {**JSON, **AUTH},
-     encoded({**EXPERIMENT, "comment": "ignored by ExperimentConfig"})),
     ("lookup with a blank unit id", "POST", "/v1/lookup", JSON, encoded(with_(LOOKUP, unit_id=" "))),
     ("lookup with control characters", "POST", "/v1/lookup", JSON, encoded(with_(LOOKUP, query="tab\there\x00nul\x1bEsc"))),
     ("lookup with a scope at its limit", "POST", "/v1/lookup", JSON, encoded(with_(LOOKUP, scope="s" * 256))),
@@ -399,3 +443,71 @@ def test_after_the_whole_sweep_nothing_is_lost(minilm_embedder, upstream, tmp_pa
     with TestClient(make_app(minilm_embedder, snapshot_dir, upstream.port), raise_server_exceptions=False) as client:
         assert entry_count(client) == seeded
         assert_seeded_served(client)
+
+
+# -- experiment configs: closed and strict, everywhere they come from ----------------------
+
+def in_force(client) -> dict:
+    """The configs in force, as GET /v1/experiments shows them, by experiment id."""
+    response = client.get("/v1/experiments")
+    assert response.status_code == 200, response.text
+    return {e["experiment_id"]: e for e in response.json()["experiments"]}
+
+
+@pytest.mark.parametrize("case, body, loc", UNKNOWN_FIELDS + WRONG_TYPES,
+                         ids=[row[0] for row in UNKNOWN_FIELDS + WRONG_TYPES])
+def test_a_put_with_an_unknown_field_or_a_wrong_type_names_it_and_changes_nothing(api, case, body, loc):
+    before = in_force(api)
+    response = api.put(f"/v1/admin/experiments/{EXPERIMENT['experiment_id']}", content=encoded(body),
+                       headers={**JSON, **AUTH})
+    assert response.status_code == 422, f"{case}: {response.status_code} {response.text[:300]}"
+    assert loc in [e["loc"] for e in response.json()["detail"]], response.text[:500]
+    assert in_force(api) == before  # config and version unchanged
+
+
+def test_a_put_with_ints_for_float_fields_is_accepted(minilm_embedder, upstream, tmp_path):
+    body = _experiment_with(("arms", 0, "threshold"), 1)
+    body["arms"][0].update(weight=3, ttl_s=600, canary={"threshold": 0, "share": 1})
+    body["traffic_share"] = 1
+    with TestClient(make_app(minilm_embedder, tmp_path / "snap", upstream.port), raise_server_exceptions=False) as client:
+        response = client.put(f"/v1/admin/experiments/{EXPERIMENT['experiment_id']}", json=body, headers=AUTH)
+        assert response.status_code == 200 and response.json()["version"] == EXPERIMENT["version"], response.text
+        arm = in_force(client)[EXPERIMENT["experiment_id"]]["arms"][0]
+    assert (arm["threshold"], arm["weight"], arm["ttl_s"], arm["canary"]["threshold"]) == (1.0, 3.0, 600.0, 0.0)
+
+
+@pytest.mark.parametrize("case, body, loc", UNKNOWN_FIELDS[:3] + WRONG_TYPES[:2],
+                         ids=[row[0] for row in UNKNOWN_FIELDS[:3] + WRONG_TYPES[:2]])
+def test_the_experiments_file_refuses_unknown_fields_and_wrong_types(tmp_path, case, body, loc):
+    path = tmp_path / "experiments.yaml"
+    path.write_text(yaml.safe_dump({"experiments": [body]}))
+    with pytest.raises(ValueError, match=re.escape(".".join(map(str, loc)) + ":")):
+        load_experiments(path)
+
+
+def test_the_experiments_file_as_shipped_still_loads():
+    assert load_experiments(Settings().experiments_file)["threshold-ab"].arms
+
+
+def _control_record(value: bytes, offset: int):
+    return SimpleNamespace(key=f"threshold-ab/v{offset}/m{offset}".encode(), value=value, offset=offset)
+
+
+def test_a_control_message_with_an_unknown_field_or_wrong_type_is_counted_malformed_not_applied():
+    registry = ExperimentRegistry.from_file(Settings().experiments_file)
+    listener = ControlListener(Settings().kafka, on_record=registry.apply_record)
+    good = ControlMessage(experiment=ExperimentConfig.model_validate(EXPERIMENT), actor="t")
+    envelope = json.loads(good.model_dump_json())
+    bad = [{**envelope, "experiment": body} for _, body, _ in UNKNOWN_FIELDS + WRONG_TYPES]
+    bad.append({**envelope, "acter": "typo"})  # the envelope is closed too
+    before = registry.get("threshold-ab").model_dump()
+    for offset, message in enumerate(bad):
+        listener.handle(_control_record(json.dumps(message).encode(), offset), TopicPartition("control", 0))
+    stats = listener.stats()
+    assert (stats["malformed"], stats["handler_errors"]) == (len(bad), 0), stats
+    assert registry.get("threshold-ab").model_dump() == before
+    # the listener goes on: a valid message after them is applied
+    listener.handle(_control_record(good.model_dump_json().encode(), len(bad)), TopicPartition("control", 0))
+    assert registry.get("threshold-ab").version == EXPERIMENT["version"]
+    with pytest.raises(ValueError, match=r"experiment\.arms\.0\.treshold: Extra inputs"):
+        parse_control(json.dumps(bad[1]).encode())
