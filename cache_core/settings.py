@@ -23,7 +23,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 class _Documented(BaseModel):
     # The docstring under each field is its description (python -m cache_core.settings lists them).
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    # No setting means anything at inf or nan ("SCACHE_CACHE__DEFAULT_TTL_S=inf" passes gt=0).
+    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class KafkaSettings(_Documented):
@@ -107,10 +108,13 @@ class CacheSettings(_Documented):
     """Most recent hits remembered by request id, so a "wrong" verdict on one can remove the entry
     that served it (the arm's invalidate_after_wrong); 0: verdicts never remove entries."""
     feedback_resume_max_age_s: float = Field(3600.0, gt=0)
-    """With persist: a graceful stop saves the remembered hits and the feedback topic's offsets beside the
-    log, and the next start resumes from them (verdicts posted meanwhile are applied) unless they are older
-    than this (capped by SCACHE_KAFKA__EVENTS_RETENTION_MS); then, as after a crash, it starts at the
-    topic's end with no hits remembered."""
+    """With persist: a graceful stop (and every SCACHE_CACHE__FEEDBACK_CHECKPOINT_S) saves the remembered
+    hits and the feedback topic's offsets beside the log, and the next start resumes from them (verdicts
+    posted meanwhile are applied) unless they are older than this (capped by
+    SCACHE_KAFKA__EVENTS_RETENTION_MS); then it starts at the topic's end with no hits remembered."""
+    feedback_checkpoint_s: float = Field(30.0, ge=0)
+    """With persist: also save that state this often while running, so a restart after a crash resumes
+    from at most this long before it (the hits served since are not traced); 0: only at a graceful stop."""
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)
@@ -202,6 +206,7 @@ class Settings(BaseSettings):
         env_ignore_empty=True,
         extra="ignore",
         use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
     environment: Literal["local", "staging", "production"] = "local"
