@@ -11,6 +11,7 @@ import argparse
 import base64
 import json
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -236,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--controller-port", type=int, default=None)
     parser.add_argument("--heap", default="512m")
     args = parser.parse_args(argv)
+    for flag, port in (("--port", args.port), ("--controller-port", args.controller_port)):
+        if port is not None and not 1 <= port <= 65535:
+            parser.error(f"{flag} must be 1-65535 (omit it for a free port), got {port}")
+    if args.port is not None and args.port == args.controller_port:
+        parser.error(f"--port and --controller-port must differ, both are {args.port}")
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", args.heap):
+        parser.error(f"--heap takes a JVM size such as 512m or 2g, got {args.heap!r}")
     from cache_core.logs import configure_logging
     configure_logging()
     stop = threading.Event()

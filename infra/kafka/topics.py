@@ -192,7 +192,11 @@ def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict], timeout_s:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Create scache's Kafka topics (from SCACHE_KAFKA__* settings).")
     parser.add_argument("--bootstrap", help="override SCACHE_KAFKA__BOOTSTRAP_SERVERS")
+    parser.add_argument("--timeout-s", type=float, default=30.0,
+                        help="give up on an unreachable or slow cluster after this long (default 30)")
     args = parser.parse_args(argv)
+    if not 0 < args.timeout_s < float("inf"):
+        parser.error(f"--timeout-s must be a positive number of seconds, got {args.timeout_s}")
     from cache_core.logs import configure_logging
     from cache_core.settings import settings_or_exit
     configure_logging()
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: bootstrap server {server.strip()!r} is not host:port", file=sys.stderr)
             return 2
     try:
-        ensure_topics(kafka)
+        ensure_topics(kafka, timeout_s=args.timeout_s)
     except (RuntimeError, Errors.KafkaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
