@@ -72,10 +72,12 @@ import logging
 import os
 import random
 import time
+import typing
 from dataclasses import asdict
 from pathlib import Path
 
 from kafka import TopicPartition
+from pydantic import ValidationError
 
 from cache_core.clusters import ClusterModel
 from cache_core.cache import EntryMatch, InvalidRequest
@@ -92,7 +94,9 @@ PURGES_REMEMBERED = 64  # per namespace: a put created before one of them but de
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
             "purges", "purged_before", "dropped", "votes", "voted_out", "clusters", "own", "other_model",
-            "malformed")
+            "unknown_change", "malformed")
+# A change kind a newer replica produces during a rolling upgrade: skipped and counted, logged once per kind.
+KNOWN_CHANGES = frozenset(typing.get_args(EntryMessage.model_fields["change"].annotation))
 
 
 class EntryFeed:
@@ -183,6 +187,7 @@ class EntryFollower(TopicFollower):
         self.model = model
         self.offsets_path = Path(state_dir) / OFFSETS_FILE if state_dir is not None else None
         self._cleared_at: dict[str, float] = {}
+        self._unknown_changes: set[str] = set()
         self._purges: dict[str, list[tuple[float, EntryMatch]]] = {}  # recent purges, for late puts
         # Past the topic's retention (which the deploy notes ask to cover the longest entry
         # lifetime) no put created before a clear or purge can still arrive alive: forget it,
@@ -290,9 +295,28 @@ class EntryFollower(TopicFollower):
     # -- records ----------------------------------------------------------------------
 
     def handle(self, record, tp: TopicPartition) -> None:
-        message = self.parse(EntryMessage, record, tp)
+        try:
+            message = EntryMessage.model_validate_json(record.value or b"")
+        except ValidationError:
+            if self._skipped_unknown_change(record.value):
+                return
+            message = self.parse(EntryMessage, record, tp)  # counted and logged as malformed
         if message is not None:
             self._counts[self._apply(message)] += 1
+
+    def _skipped_unknown_change(self, value: bytes | None) -> bool:
+        try:
+            change = json.loads(value or b"").get("change")
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            return False
+        if not isinstance(change, str) or change in KNOWN_CHANGES:
+            return False
+        self._counts["unknown_change"] += 1
+        if change not in self._unknown_changes:
+            self._unknown_changes.add(change)
+            log.warning("skipping entry changes of a kind this version does not know (a newer replica's?)",
+                        extra={"change": change[:64], "topic": self.topic})
+        return True
 
     def _apply(self, message: EntryMessage) -> str:
         own = message.origin == self.instance_id

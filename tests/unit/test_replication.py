@@ -123,6 +123,11 @@ def test_expired_other_model_and_malformed_messages_are_counted_and_skipped():
     stats = follower_b.stats()
     assert (stats["other_model"], stats["malformed"], stats["applied"]) == (1, 4, 0), stats
     assert stats["handler_errors"] == 0 and sum(len(p) for p in b.partitions()) == 0
+    # a change kind from a newer version (rolling upgrade) is skipped as such, not as malformed
+    newer = [json.dumps({**put, "change": "rename"}).encode(), json.dumps({**put, "change": "rename"}).encode()]
+    _deliver(newer, follower_b, start=10)
+    stats = follower_b.stats()
+    assert (stats["unknown_change"], stats["malformed"], stats["applied"]) == (2, 4, 0), stats
     # a vector of another dimension (another model under the same name) is not indexed
     short = json.dumps({**put, "embedding": put["embedding"][:16]}).encode()
     _deliver([short], follower_b, start=5)
