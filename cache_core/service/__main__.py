@@ -107,8 +107,11 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         if settings.cache.feedback_memory:  # verdicts other replicas took on hits served here
             app.state.feedback_follower = FeedbackFollower(
                 settings.kafka, app.state.cache, state_dir=persistence.directory if persistence else None,
-                max_age_s=settings.cache.feedback_resume_max_age_s).start()
+                max_age_s=settings.cache.feedback_resume_max_age_s,
+                checkpoint_s=settings.cache.feedback_checkpoint_s).start()
             listener.append(app.state.feedback_follower)
+            # /readyz: resumed after a graceful stop, not before the verdicts posted meanwhile are applied
+            app.state.followers["feedback"] = app.state.feedback_follower
         publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
         log.info("cache service starting", extra={"host": settings.service.host,
                                                   "port": settings.service.port,

@@ -249,8 +249,9 @@ def _add_routes(app: FastAPI, cache: SemanticCache, registry: ExperimentRegistry
     @app.get("/readyz")
     def readyz() -> JSONResponse:
         """Ready for traffic once every topic follower in ``app.state.followers`` (the control
-        listener, the entries follower) has replayed its topic: before that, this instance
-        would decide with a stale config or an empty cache. 503 with what is missing."""
+        listener, the entries follower, the feedback follower) has replayed its topic: before that,
+        this instance would decide with a stale config, an empty cache, or entries that verdicts
+        posted while it was down took out of service. 503 with what is missing."""
         waiting = sorted(name for name, follower in app.state.followers.items()
                          if not follower.stats()["caught_up"])
         if waiting:
