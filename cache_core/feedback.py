@@ -33,10 +33,11 @@ the map and resumes the feedback topic from those offsets, so verdicts posted wh
 replica was down are applied to the hits it served before. A file older than
 ``SCACHE_CACHE__FEEDBACK_RESUME_MAX_AGE_S`` (capped by the feedback topic's retention,
 ``SCACHE_KAFKA__EVENTS_RETENTION_MS``) is discarded: the follower starts at the topic's end
-with an empty map, as it does with no file (first start, a crash, or no persistence). A
-crash loses the map: only hits served by a live or gracefully stopped process can be
-traced. Re-reading a verdict that was applied before the stop is harmless (the hit is
-settled, or its unit is in the set already).
+with an empty map, as it does with no file (first start, or no persistence). While running,
+the same file is checkpointed every ``SCACHE_CACHE__FEEDBACK_CHECKPOINT_S`` (default 30 s),
+so a crash loses only the hits served since the last checkpoint. Re-reading a verdict that
+was applied before the stop (or the checkpoint) is harmless (the hit is settled, or its
+unit is in the set already; a "correct" one is counted again).
 
 Scope and limits: a later "correct" does not bring back an entry a "wrong" removed; a
 replica from before votes (schema change "vote") skips them as malformed and counts only
@@ -131,21 +132,25 @@ class ServedHits:
 class FeedbackFollower(TopicFollower):
     """Applies the verdicts on the feedback topic to ``cache`` (see the module docstring).
 
-    ``state_dir`` (the persistence directory; None: nothing kept): a graceful ``stop`` saves the
-    served hits and offsets there and ``start`` resumes from them, if they are at most
-    ``max_age_s`` old (capped by the topic's retention) by ``clock`` (default: the cache's)."""
+    ``state_dir`` (the persistence directory; None: nothing kept): a graceful ``stop``, and a
+    checkpoint every ``checkpoint_s`` (0: none), save the served hits and offsets there and
+    ``start`` resumes from them, if they are at most ``max_age_s`` old (capped by the topic's
+    retention) by ``clock`` (default: the cache's)."""
 
     thread_name = "scache-feedback"
 
     def __init__(self, kafka: KafkaSettings, cache, *, state_dir: Path | None = None,
-                 max_age_s: float = 3600.0, clock=None, poll_timeout_s: float = 0.5, retry_s: float = 1.0):
+                 max_age_s: float = 3600.0, checkpoint_s: float = 0.0, clock=None,
+                 poll_timeout_s: float = 0.5, retry_s: float = 1.0):
         super().__init__(kafka, kafka.feedback_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
-                         counters=(*OUTCOMES, "malformed", "restored_hits", "resumed"))
+                         counters=(*OUTCOMES, "malformed", "restored_hits", "resumed", "checkpoints"))
+        self.checkpoint_s = checkpoint_s
         self.cache = cache
         self.state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
         self.max_age_s = min(max_age_s, kafka.events_retention_ms / 1000)  # older offsets may be gone
         self.clock = clock or cache.clock
         self._resume_at: dict[TopicPartition, int] = {}
+        self._checkpointed_at = self.clock()
 
     def start(self):
         if self._thread is None:
@@ -172,17 +177,28 @@ class FeedbackFollower(TopicFollower):
         if event is not None:
             self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
 
-    # -- state across a graceful restart -----------------------------------------------
+    def after_poll(self) -> None:
+        """A checkpoint when due, from this thread: the offsets saved are those of the hits saved."""
+        if self.state_path is None or not self.checkpoint_s or self.clock() - self._checkpointed_at < self.checkpoint_s:
+            return
+        self._checkpointed_at = self.clock()
+        try:
+            self.save_state(quiet=True)
+            self._counts["checkpoints"] += 1
+        except OSError:  # the next one may succeed; a crash meanwhile resumes from an older one
+            log.exception("feedback checkpoint failed", extra={"path": str(self.state_path)})
 
-    def save_state(self) -> Path:
+    # -- state across a restart --------------------------------------------------------
+
+    def save_state(self, quiet: bool = False) -> Path:
         """Write the served hits and the offsets read so far (temporary file, fsync, rename)."""
         body = {"topic": self.topic, "saved_at": self.clock(),
                 "offsets": {str(tp.partition): offset for tp, offset in self.positions.items()},
                 "hits": self.cache.served.export()}
         # One write: json.dump would write piece by piece.
         replace_durably(self.state_path, json.dumps(body, separators=(",", ":")).encode())
-        log.info("feedback state saved", extra={"path": str(self.state_path), "hits": len(body["hits"]),
-                                                "offsets": body["offsets"]})
+        (log.debug if quiet else log.info)("feedback state saved", extra={
+            "path": str(self.state_path), "hits": len(body["hits"]), "offsets": body["offsets"]})
         return self.state_path
 
     def _restore_state(self) -> None:
@@ -205,7 +221,7 @@ class FeedbackFollower(TopicFollower):
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
             log.warning("unreadable feedback state, starting at the topic's end",
                         extra={"path": str(self.state_path), "error": str(exc)})
-        # It describes one stop: a later crash must not resume from it (the map would be stale).
+        # It describes one stop: a later crash resumes from a checkpoint after this start, or from the end.
         self.state_path.unlink(missing_ok=True)
 
 

@@ -290,6 +290,38 @@ def test_two_service_processes_share_entries(kafka_settings, cache_service_facto
     assert not first.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
 
 
+def test_a_service_killed_resumes_feedback_from_its_last_checkpoint(kafka_settings, cache_service_factory, tmp_path):
+    """SIGKILL, no graceful stop: the restarted service resumes from the feedback checkpoint it wrote
+    after serving the hit, and applies the verdict posted while it was down before it is ready."""
+    path = tmp_path / "experiments.yaml"
+    path.write_text(yaml.safe_dump({"experiments": [EXPERIMENT.model_dump(mode="json")]}))
+    state = {"SCACHE_CACHE__SNAPSHOT_DIR": str(tmp_path / "second-state"), "SCACHE_CACHE__FEEDBACK_CHECKPOINT_S": "1"}
+    first = httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path), timeout=10)
+    second_url = cache_service_factory(kafka=kafka_settings, experiments_file=path, env=state)
+    unit = unit_in("a")
+    assert first.post("/v1/store", json={"query": QUESTION, "answer": "Card > PIN.", "unit_id": unit}).json()["stored"]
+    with httpx.Client(base_url=second_url, timeout=10) as second:
+        wait_for(lambda: second.get("/readyz").status_code == 200 and second.get("/healthz").json()["entries"] == 1,
+                 30, "the entry on the second service, ready")
+        lookup = second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()
+        assert lookup["hit"]
+        done = second.get("/healthz").json()["feedback"]["follower"]["checkpoints"]
+        wait_for(lambda: second.get("/healthz").json()["feedback"]["follower"]["checkpoints"] >= done + 2, 30,
+                 "two checkpoints after the hit")
+    service = cache_service_factory.services[-1]
+    service.kill()
+    assert "feedback state saved" not in service.log_path.read_text()  # no graceful stop
+
+    assert first.post("/v1/feedback", json={"request_id": lookup["request_id"], "verdict": "wrong"}).status_code == 202
+    with httpx.Client(base_url=cache_service_factory(kafka=kafka_settings, experiments_file=path, env=state),
+                      timeout=10) as second:
+        wait_for(lambda: second.get("/readyz").status_code == 200, 30, "the restarted second service ready")
+        follower = second.get("/healthz").json()["feedback"]["follower"]
+        assert (follower["resumed"], follower["restored_hits"], follower["invalidated"]) == (1, 1, 1), follower
+        assert not second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
+    first.close()
+
+
 def test_a_service_stopped_gracefully_applies_the_verdicts_posted_while_it_was_down(
         kafka_settings, cache_service_factory, tmp_path):
     """SIGTERM saves the served hits and feedback offsets beside the log; the restarted service
@@ -318,8 +350,9 @@ def test_a_service_stopped_gracefully_applies_the_verdicts_posted_while_it_was_d
                       timeout=10) as second:
         follower = second.get("/healthz").json()["feedback"]["follower"]
         assert (follower["resumed"], follower["restored_hits"]) == (1, 1), follower
-        wait_for(lambda: second.get("/healthz").json()["feedback"]["follower"]["invalidated"] == 1, 30,
-                 "the verdict posted while the second service was down")
+        # Not ready before the verdict posted while it was down is applied: once ready, it has been.
+        wait_for(lambda: second.get("/readyz").status_code == 200, 30, "the restarted second service ready")
+        assert second.get("/healthz").json()["feedback"]["follower"]["invalidated"] == 1
         assert not second.post("/v1/lookup", json={"query": PARAPHRASE, "unit_id": unit}).json()["hit"]
     wait_for(lambda: first.get("/healthz").json()["entries"] == 0, 30, "the drop reaching the first service")
     first.close()

@@ -364,6 +364,39 @@ def test_served_hits_and_offsets_saved_at_stop_are_resumed_at_start(tmp_path):
     assert not restarted.lookup(PARAPHRASE, unit).hit
 
 
+def test_a_checkpoint_while_running_lets_a_crashed_replica_resume(tmp_path):
+    clock = ManualClock()
+    cache, exp = _cache(clock=clock)
+    unit = unit_in_arm(exp, "a")
+    cache.store(STORED, "Card > PIN", unit)
+    served = _served(cache, unit)
+    running = FeedbackFollower(FEEDBACK_KAFKA, cache, state_dir=tmp_path, checkpoint_s=30)
+    never = FeedbackFollower(FEEDBACK_KAFKA, cache, state_dir=tmp_path / "off", checkpoint_s=0)
+    _verdict(running, 4, "not-served")
+    clock.advance(29)
+    running.after_poll(), never.after_poll()
+    assert not (tmp_path / "feedback-state.json").exists()  # not due yet
+    clock.advance(1)
+    running.after_poll()
+    clock.advance(600)  # the entry lives an hour
+    never.after_poll()
+    assert running.stats()["checkpoints"] == 1 and never.stats()["checkpoints"] == 0
+    assert not (tmp_path / "off").exists()
+    _served(cache, unit)  # served after the checkpoint: a crash loses it
+
+    clock.advance(10)  # crashed (no stop) and restarted ten seconds later
+    restarted = SemanticCache(_embedder(), cache.registry, clock=clock, feedback_memory=100)
+    for partition in cache.partitions():
+        for entry in partition.entries.values():
+            restarted.restore_put(partition.key, entry)
+    after = FeedbackFollower(FEEDBACK_KAFKA, restarted, state_dir=tmp_path, checkpoint_s=30)
+    after._restore_state()
+    assert after.start_offsets() == {TopicPartition(FEEDBACK_KAFKA.feedback_topic, 0): 5}
+    assert after.stats()["restored_hits"] == 1
+    _verdict(after, 5, served)  # posted while it was down
+    assert after.stats()["invalidated"] == 1 and not restarted.lookup(PARAPHRASE, unit).hit
+
+
 def test_restored_hits_come_before_the_ones_served_since_and_stay_bounded():
     cache, exp = _cache(feedback_memory=3)
     unit = unit_in_arm(exp, "a")
