@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 
@@ -96,15 +97,18 @@ def ensure_topics(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
     admin = admin_client(kafka, timeout_s)
     try:
         result = admin.create_topics(specs, timeout_ms=int(timeout_s * 1000), raise_errors=False)
+        created = set()
         for topic in result["topics"]:
             error = Errors.for_code(topic["error_code"])
             if error is Errors.NoError:
+                created.add(topic["name"])
                 log.info("created topic", extra={"topic": topic["name"]})
             elif error is not Errors.TopicAlreadyExistsError:
                 raise RuntimeError(f"cannot create topic {topic['name']}: {error.__name__} "
                                    f"{topic.get('error_message') or ''}".rstrip())
         admin.wait_for_topics(list(specs), timeout_ms=int(timeout_s * 1000))
-        _grow_partitions(admin, specs, timeout_s)
+        # Just created: with its partitions (a broker's metadata may not show them all yet).
+        _grow_partitions(admin, {name: spec for name, spec in specs.items() if name not in created}, timeout_s)
         _warn_on_replication(admin, specs)
         _reconcile_configs(admin, specs)
     finally:
@@ -169,12 +173,12 @@ def _warn_on_replication(admin: KafkaAdminClient, specs: dict[str, dict]) -> Non
 
 def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict], timeout_s: float) -> None:
     grown = []
-    for topic in admin.describe_topics(list(specs)):
+    for topic in admin.describe_topics(list(specs)) if specs else ():
         have, want = len(topic["partitions"]), specs[topic["name"]]["num_partitions"]
         if have < want:
             log.info("adding partitions", extra={"topic": topic["name"], "from": have, "to": want})
-            admin.create_partitions({topic["name"]: want})
-            grown.append(topic["name"])
+            if _create_partitions(admin, topic["name"], want):
+                grown.append(topic["name"])
         elif have > want:
             log.warning("topic has more partitions than configured",
                         extra={"topic": topic["name"], "have": have, "want": want})
@@ -187,6 +191,19 @@ def _grow_partitions(admin: KafkaAdminClient, specs: dict[str, dict], timeout_s:
                 raise RuntimeError(f"new partitions of {grown} not visible after {timeout_s}s")
             time.sleep(0.1)
         admin.wait_for_topics(grown, timeout_ms=int(timeout_s * 1000))
+
+
+def _create_partitions(admin: KafkaAdminClient, topic: str, want: int) -> bool:
+    """Grow ``topic`` to ``want`` partitions; False when the controller says it has them already
+    (the metadata we read was stale: another ensure_topics grew it, or it was just created)."""
+    try:
+        admin.create_partitions({topic: want})
+        return True
+    except Errors.InvalidPartitionsError as exc:
+        already = re.search(r"already has (\d+) partition", str(exc))
+        if already and int(already.group(1)) >= want:
+            return False
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
