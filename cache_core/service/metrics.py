@@ -11,7 +11,7 @@ from cache_core.events import CacheEvent
 from cache_core.replication import OUTCOMES
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
-PUBLISHER_STATS = ("queue_depth", "published", "spooled", "replayed", "dropped")
+PUBLISHER_STATS = ("queue_depth", "published", "spooled", "replayed", "dropped", "spilled", "reordered")
 
 
 class ServiceMetrics:

@@ -5,6 +5,8 @@ job reads on once the broker is back."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 
@@ -95,6 +97,36 @@ def test_spooled_while_down_then_replayed_in_order(broker, settings, tmp_path):
 
     got = consume(settings.bootstrap_servers, settings.events_topic, expected=200, timeout_s=30)
     assert [json.loads(r.value)["latency_ms"] for r in got] == [float(s) for s in range(200)]
+
+
+def test_a_stalled_broker_gets_the_queue_spilled_to_the_spool_not_dropped(broker, settings, tmp_path):
+    """SIGSTOP: connections stay open and sends hang (as while a leader fails over) instead of
+    failing. With a queue of 200 and 600 events offered during a 3 s stall, the drain thread
+    spills the queue to the spool while it waits for acks; nothing is dropped, order is kept."""
+    publisher = EventPublisher(settings, tmp_path / "spool", instance_id="i1", queue_size=200, send_timeout_s=9)
+    seq = iter(range(10_000))
+
+    def publish(n):
+        for _ in range(n):
+            publisher.publish_event(CacheEvent(unit_id="one-unit", latency_ms=float(next(seq))))
+
+    publish(20)
+    assert publisher.flush(30)
+    os.killpg(broker.service.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(20):  # 200 events/s for 3 s, the queue holds one second
+            publish(30)
+            time.sleep(0.15)
+        during = publisher.stats()
+    finally:
+        os.killpg(broker.service.proc.pid, signal.SIGCONT)
+    assert publisher.flush(60)
+    stats = publisher.stats()
+    publisher.close()
+    assert during["spilled"] > 0 and during["dropped"] == 0, during
+    assert stats["dropped"] == stats["reordered"] == 0 and stats["published"] == 620, stats
+    got = consume(settings.bootstrap_servers, settings.events_topic, expected=620, timeout_s=30)
+    assert [json.loads(r.value)["latency_ms"] for r in got] == [float(s) for s in range(620)]
 
 
 def _message(version: int) -> ControlMessage:
