@@ -870,6 +870,8 @@ class SemanticCache:
             if invalidated:
                 partition.remove(hit.entry_id)
         if not invalidated:
+            if new_vote:  # durable before the 202, like a store: a crash must not forget the unit
+                self.sync_journal()
             # The other replicas count it too (their own hits' votes come back the same way),
             # so the arm's limit is reached by units served anywhere, not per replica.
             if new_vote and self.entry_feed is not None:

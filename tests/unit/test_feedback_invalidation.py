@@ -274,7 +274,9 @@ def test_partial_counts_survive_a_restart(tmp_path, final_snapshot):
     first, second = unit_in_arm(exp, "a"), unit_in_arm(exp, "a", prefix="v")
     cache, persistence = _persisted(tmp_path, exp)
     cache.store(STORED, "Card > PIN", first)
-    assert cache.apply_feedback(_served(cache, first), "wrong") == "counted"
+    hit, synced = _served(cache, first), persistence.journal.stats.fsyncs
+    assert cache.apply_feedback(hit, "wrong") == "counted"
+    assert persistence.journal.stats.fsyncs == synced + 1  # the vote is durable before the verdict is answered
     persistence.close(final_snapshot=final_snapshot)  # False: as if killed, only the log has the vote
     snapshots = list((tmp_path / "snap").glob("snap-*/entries.json"))
     if final_snapshot:
