@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+from infra.maven import copy_dependencies_once
 from infra.runtime import scache_home
 
 log = logging.getLogger(__name__)
@@ -50,14 +50,8 @@ def connector_jar(pom: Path = POM) -> Path:
 
 
 def _copy_dependencies(pom: Path, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-           f"-DoutputDirectory={out}"]
-    log.info("resolving flink connector", extra={"out": str(out)})
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"mvn failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    (out / _MARKER).write_text(connector_version(pom) + "\n")
+    copy_dependencies_once(pom, out, marker=_MARKER, expect=f"{CONNECTOR_ARTIFACT}-*.jar",
+                           what="Flink Kafka connector", marker_text=connector_version(pom) + "\n")
 
 
 def main() -> int:
