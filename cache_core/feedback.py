@@ -87,6 +87,8 @@ class ServedHits:
         self.capacity = capacity
         self._hits: OrderedDict[str, ServedHit] = OrderedDict()
         self._lock = threading.Lock()
+        self.changes = 0
+        """Hits remembered or settled so far: a checkpoint with nothing new is skipped."""
 
     def __len__(self) -> int:
         return len(self._hits)
@@ -96,19 +98,22 @@ class ServedHits:
             return
         with self._lock:
             self._hits[request_id] = hit
+            self.changes += 1
             if len(self._hits) > self.capacity:
                 self._hits.popitem(last=False)
 
     def settle(self, request_id: str) -> ServedHit | None:
         """The hit ``request_id`` was, forgotten at once: a request's verdict counts once."""
         with self._lock:
+            self.changes += 1
             return self._hits.pop(request_id, None)
 
     def export(self) -> list[list]:
         """Every remembered hit, oldest first, as JSON-ready rows (``restore`` reads them)."""
-        with self._lock:
-            return [[request_id, list(hit.key), hit.experiment_id, hit.arm, hit.entry_id, hit.unit_id]
-                    for request_id, hit in self._hits.items()]
+        with self._lock:  # only the copy under the lock: request threads remember hits meanwhile
+            items = list(self._hits.items())
+        return [[request_id, list(hit.key), hit.experiment_id, hit.arm, hit.entry_id, hit.unit_id]
+                for request_id, hit in items]
 
     def restore(self, rows: list[list]) -> int:
         """Remember ``export``'s rows (the newest ``capacity`` of them) before what is remembered
@@ -151,6 +156,7 @@ class FeedbackFollower(TopicFollower):
         self.clock = clock or cache.clock
         self._resume_at: dict[TopicPartition, int] = {}
         self._checkpointed_at = self.clock()
+        self._checkpointed: tuple | None = None  # (served.changes, positions) of the last checkpoint
 
     def start(self):
         if self._thread is None:
@@ -182,8 +188,12 @@ class FeedbackFollower(TopicFollower):
         if self.state_path is None or not self.checkpoint_s or self.clock() - self._checkpointed_at < self.checkpoint_s:
             return
         self._checkpointed_at = self.clock()
+        mark = (self.cache.served.changes, self.positions)
+        if mark == self._checkpointed:
+            return  # nothing served, settled or read since the last one
         try:
             self.save_state(quiet=True)
+            self._checkpointed = mark
             self._counts["checkpoints"] += 1
         except OSError:  # the next one may succeed; a crash meanwhile resumes from an older one
             log.exception("feedback checkpoint failed", extra={"path": str(self.state_path)})
