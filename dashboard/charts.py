@@ -9,6 +9,14 @@ import altair as alt
 import pandas as pd
 
 RATE_AXIS = alt.Axis(format="%")
+DAY = pd.Timedelta(days=1)
+
+
+def time_axis(times: pd.Series) -> alt.Axis:
+    """Minute labels at most once a minute (``%H:%M`` on 30 s ticks printed each minute twice),
+    with the date once the data spans more than a day."""
+    span = times.max() - times.min() if len(times) else pd.Timedelta(0)
+    return alt.Axis(format="%b %d %H:%M" if span > DAY else "%H:%M", tickMinStep=60_000)
 
 
 def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
@@ -17,7 +25,7 @@ def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
     """Hit rate per arm over time; each threshold change is a dashed vertical rule."""
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X(f"{time_col}:T", title="window start (UTC)", scale=alt.Scale(type="utc"),
-                axis=alt.Axis(format="%H:%M")),
+                axis=time_axis(df[time_col])),
         y=alt.Y(f"{rate_col}:Q", title="hit rate", axis=RATE_AXIS),
         color=alt.Color(f"{arm_col}:N", title="arm"),
         tooltip=[alt.Tooltip(f"{time_col}:T"), alt.Tooltip(f"{arm_col}:N"),
@@ -105,7 +113,7 @@ def metric_over_time(df: pd.DataFrame, metric: str, changes: pd.DataFrame | None
     axis = RATE_AXIS if fmt.endswith("%") else alt.Axis()
     lines = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X(f"{time_col}:T", title="window start (UTC)", scale=alt.Scale(type="utc"),
-                axis=alt.Axis(format="%H:%M")),
+                axis=time_axis(df[time_col])),
         y=alt.Y(f"{metric}:Q", title=title, axis=axis),
         color=alt.Color(f"{arm_col}:N", title="arm"),
         tooltip=[alt.Tooltip(f"{time_col}:T"), alt.Tooltip(f"{arm_col}:N"), alt.Tooltip(f"{metric}:Q", format=fmt)],

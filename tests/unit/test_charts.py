@@ -29,6 +29,14 @@ def test_hit_rate_over_time_lines_per_arm():
     assert spec["encoding"]["x"]["type"] == "temporal"
 
 
+def test_time_axis_labels_each_minute_once_and_dates_beyond_a_day():
+    axis = charts.hit_rate_over_time(SERIES).to_dict()["encoding"]["x"]["axis"]
+    assert axis == {"format": "%H:%M", "tickMinStep": 60_000}
+    week = SERIES.assign(bucket=SERIES["bucket"] + pd.to_timedelta([0, 0, 3, 3], unit="D"))
+    spec = charts.metric_over_time(week.assign(p95_ms=[40.0, 41.0, 39.0, 42.0]), "p95_ms").to_dict()
+    assert spec["encoding"]["x"]["axis"]["format"] == "%b %d %H:%M"
+
+
 def test_hit_rate_over_time_marks_threshold_changes():
     spec = charts.hit_rate_over_time(SERIES, CHANGES).to_dict()
     assert _marks(spec) == ["line", "rule"]
