@@ -13,8 +13,9 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from infra.kafka.topics import admin_client, ensure_topics, topic_specs
+from infra.kafka.topics import _reconcile_configs, admin_client, ensure_topics, topic_specs
 from infra.runtime import REPO_ROOT, port_open
+from tests.integration.kafka_helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +112,25 @@ def test_ensure_topics_fixes_managed_configs_of_existing_topics_and_keeps_others
     assert not [r for r in caplog.records if r.msg == "changing topic config"]
     assert _configs(kafka, kafka.events_topic)["compression.type"] == "zstd"
 
+
+
+def test_the_legacy_alter_configs_path_also_keeps_an_operators_configs(kafka_settings):
+    """On a broker without IncrementalAlterConfigs (before Kafka 2.3) the whole topic config is
+    replaced: the managed keys are set and the operator's compression.type must survive it."""
+    kafka = _fresh_settings(kafka_settings)
+    spec = topic_specs(kafka)[kafka.events_topic]
+    admin = admin_client(kafka)
+    try:
+        old = {"retention.ms": "3600000", "compression.type": "zstd"}
+        admin.create_topics({kafka.events_topic: {**spec, "configs": old}}, raise_errors=False)
+        admin.wait_for_topics([kafka.events_topic], timeout_ms=30_000)
+        _reconcile_configs(admin, {kafka.events_topic: spec}, incremental=False)
+    finally:
+        admin.close()
+    want = {**spec["configs"], "compression.type": "zstd"}
+    # The broker applies a config change a moment after it answers.
+    wait_for(lambda: {k: _configs(kafka, kafka.events_topic).get(k) for k in want} == want, 30,
+             f"{kafka.events_topic} configs {want}")
 
 
 def test_ensure_topics_warns_on_a_replication_factor_it_does_not_change(kafka_settings, caplog):
