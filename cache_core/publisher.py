@@ -116,7 +116,8 @@ class EventPublisher:
         """Counters since start; ``spool_bytes`` is what still waits on disk."""
         with self._counts_lock:
             out = dict(self._counts)
-        out.update(queue_depth=self._queue.qsize(), spool_bytes=self._spool.pending_bytes,
+        out.update(queue_depth=self._queue.qsize(), queue_size=self._queue.maxsize,
+                   spool_bytes=self._spool.pending_bytes, max_spool_bytes=self._spool.max_bytes,
                    broker_healthy=self._healthy)
         return out
 

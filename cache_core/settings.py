@@ -154,6 +154,14 @@ class ServiceSettings(_Documented):
     upstream_model: str = "upstream"
     """Model name sent upstream when the request names none."""
     upstream_timeout_s: float = Field(60.0, gt=0)
+    publish_queue_size: int = Field(20_000, ge=100)
+    """Events waiting in memory for Kafka; once half full they are spilled to the spool (a stalled or
+    slow broker), so it bounds memory, not loss."""
+    spool_max_mib: int = Field(256, ge=1)
+    """The on-disk spool (events kept while Kafka is away or slow); past it, events are dropped and counted."""
+    publish_timeout_s: float = Field(10.0, gt=0)
+    """How long a batch waits for Kafka's acks before it is spooled and sent again by a fresh producer;
+    keep it above the cluster's failover time (broker session timeout plus an election)."""
 
 
 class FlinkSettings(_Documented):

@@ -57,7 +57,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.feedback import FeedbackFollower
     from cache_core.index import set_search_threads
     from cache_core.persistence import Persistence, PersistenceError
-    from cache_core.publisher import EventPublisher
+    from cache_core.publisher import MIB, EventPublisher
     from cache_core.service.app import create_app
 
     from cache_core.registry import ExperimentRegistry
@@ -70,7 +70,10 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
         log.error("cannot start: %s", exc)
         return 2
     try:
-        publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id)
+        service = settings.service
+        publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id,
+                                   queue_size=service.publish_queue_size, max_spool_bytes=service.spool_max_mib * MIB,
+                                   send_timeout_s=service.publish_timeout_s)
     except OSError as exc:  # the spool directory cannot be made (a file there, no permission)
         log.error("cannot start: spool directory %s: %s", spool_dir, exc)
         return 2

@@ -80,9 +80,12 @@ def test_admin_put_publishes_on_the_control_topic_and_applies(kafka_settings, ca
     path = tmp_path / "experiments.yaml"
     path.write_text(yaml.safe_dump({"experiments": [experiment(0.99, 1).model_dump(mode="json")]}))
     base = cache_service_factory(kafka=kafka_settings, experiments_file=path,
-                                 env={"SCACHE_SERVICE__ADMIN_TOKEN": "s3cret"})
+                                 env={"SCACHE_SERVICE__ADMIN_TOKEN": "s3cret",
+                                      "SCACHE_SERVICE__PUBLISH_QUEUE_SIZE": "5000", "SCACHE_SERVICE__SPOOL_MAX_MIB": "64"})
     client = httpx.Client(base_url=base, timeout=10)
     body = experiment(0.7, 2).model_dump_json()
+    publisher = client.get("/healthz").json()["publisher"]
+    assert (publisher["queue_size"], publisher["max_spool_bytes"]) == (5000, 64 * 1024 * 1024), publisher
 
     denied = client.put("/v1/admin/experiments/itest", content=body,
                         headers={"Authorization": "Bearer wrong"})

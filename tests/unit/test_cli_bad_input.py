@@ -76,6 +76,8 @@ CASES = [
      "SCACHE_CACHE__DEFAULT_TTL_S='inf': Input should be a finite number"),
     ("settings nan cost", "cache_core.settings", [], {"SCACHE_DASHBOARD__COST_PER_CALL_USD": "nan"}, 2,
      "SCACHE_DASHBOARD__COST_PER_CALL_USD='nan': Input should be a finite number"),
+    ("settings tiny publish queue", "cache_core.settings", [], {"SCACHE_SERVICE__PUBLISH_QUEUE_SIZE": "10"}, 2,
+     "SCACHE_SERVICE__PUBLISH_QUEUE_SIZE='10': Input should be greater than or equal to 100"),
     ("settings not a boolean", "cache_core.settings", [], {"SCACHE_CACHE__PERSIST": "maybe"}, 2,
      "SCACHE_CACHE__PERSIST='maybe': Input should be a valid boolean"),
     ("settings group not JSON", "cache_core.settings", [], {"SCACHE_KAFKA": '{"x":'}, 2, 'field "kafka"'),
