@@ -111,13 +111,15 @@ def serve_one(client: httpx.Client, text: str, intent: str, unit_id: str, experi
 def replay_forever(cache_url: str, rate_per_s: float, experiments_file: Path,
                    experiment_id: str = "threshold-ab", users: int = 500,
                    max_requests: int | None = None, report_every_s: float = 10.0) -> Tally:
-    """Warm the cache, then send test queries at a steady rate until interrupted."""
+    """Warm the cache, then send test queries at a steady rate until interrupted: each once, in a
+    seeded shuffle, then drawn at random (repeats, as popular questions come back)."""
     rng = random.Random(7)
     tally = Tally()
     with httpx.Client(base_url=cache_url, timeout=30) as client:
         stored = warm(client, experiment_id)
         log.info("warmed the cache", extra={"entries": stored})
         traffic = load_queries("test")
+        rng.shuffle(traffic)  # the file is grouped by intent: a live stream mixes them
         sent, next_report = 0, time.monotonic() + report_every_s
         interval = 1.0 / rate_per_s
         next_send = time.monotonic()
