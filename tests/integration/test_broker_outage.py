@@ -129,6 +129,30 @@ def test_a_stalled_broker_gets_the_queue_spilled_to_the_spool_not_dropped(broker
     assert [json.loads(r.value)["latency_ms"] for r in got] == [float(s) for s in range(620)]
 
 
+def test_a_stall_longer_than_the_send_timeout_loses_nothing_though_order_may_bend(broker, settings, tmp_path):
+    """The stalled batch times out after the queue was spilled: it is spooled behind the spilled
+    events (counted as reordered) and every event still arrives."""
+    publisher = EventPublisher(settings, tmp_path / "spool", instance_id="i1", queue_size=200, send_timeout_s=2)
+    sent = [CacheEvent(unit_id=f"unit-{n % 7}", latency_ms=float(n)) for n in range(420)]
+    publisher.publish_event(sent[0])
+    assert publisher.flush(30)
+    os.killpg(broker.service.proc.pid, signal.SIGSTOP)
+    try:
+        for n in range(1, 420, 30):  # 200 events/s for 2 s; then the stall outlasts the 2 s send timeout
+            for e in sent[n:n + 30]:
+                publisher.publish_event(e)
+            time.sleep(0.15)
+        wait_for(lambda: publisher.stats()["send_failures"] > 0, 30, "the stalled batch timing out")
+    finally:
+        os.killpg(broker.service.proc.pid, signal.SIGCONT)
+    assert publisher.flush(60)
+    stats = publisher.stats()
+    publisher.close()
+    assert stats["dropped"] == 0 and stats["spilled"] > 0 and stats["reordered"] > 0, stats
+    got = consume(settings.bootstrap_servers, settings.events_topic, expected=420, timeout_s=30)
+    assert {CacheEvent.model_validate_json(r.value).request_id for r in got} == {e.request_id for e in sent}
+
+
 def _message(version: int) -> ControlMessage:
     return ControlMessage(actor="test", experiment=ExperimentConfig(
         experiment_id="exp-outage", salt="s", version=version,
