@@ -11,7 +11,16 @@ from cache_core.events import CacheEvent
 from cache_core.replication import OUTCOMES
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
-PUBLISHER_STATS = ("queue_depth", "published", "spooled", "replayed", "dropped", "spilled", "reordered")
+PUBLISHER_GAUGES = {"queue_depth": "Events waiting in memory for Kafka",
+                    "queue_size": "Bound of that queue (SCACHE_SERVICE__PUBLISH_QUEUE_SIZE)",
+                    "spool_bytes": "Bytes waiting in the on-disk spool",
+                    "broker_healthy": "1 while Kafka takes the events directly, 0 while they go to the spool"}
+PUBLISHER_COUNTERS = {"published": "Events Kafka acknowledged",
+                      "spooled": "Events written to the on-disk spool (Kafka away, stalled or slower than the offers)",
+                      "replayed": "Spooled events sent afterwards",
+                      "spilled": "Events moved from the in-memory queue to the spool because it was half full",
+                      "reordered": "Events of a stalled batch spooled behind newer ones (order may bend, none lost)",
+                      "dropped": "Events lost: spool full, or queue full faster than it could be spilled"}
 
 
 class ServiceMetrics:
@@ -77,10 +86,14 @@ class _ScrapeTimeGauges:
 
     def collect(self):
         stats = self.publisher_stats()
-        for name in PUBLISHER_STATS:
-            gauge = GaugeMetricFamily(f"scache_publisher_{name}", f"Event publisher: {name}")
+        for name, help_text in PUBLISHER_GAUGES.items():
+            gauge = GaugeMetricFamily(f"scache_publisher_{name}", help_text)
             gauge.add_metric([], float(stats.get(name, 0)))
             yield gauge
+        for name, help_text in PUBLISHER_COUNTERS.items():
+            counter = CounterMetricFamily(f"scache_publisher_{name}", help_text)
+            counter.add_metric([], float(stats.get(name, 0)))
+            yield counter
         entries = GaugeMetricFamily("scache_cache_entries", "Entries per store",
                                     labels=["namespace", "experiment", "arm"])
         size = GaugeMetricFamily("scache_cache_bytes", "Approximate bytes per store",

@@ -80,12 +80,16 @@ class RecordingPublisher:
     def __init__(self):
         self.events: list[CacheEvent] = []
         self.feedback = []
+        self.entries = []
 
     def publish_event(self, event: CacheEvent) -> None:
         self.events.append(event)
 
     def publish_feedback(self, feedback) -> None:
         self.feedback.append(feedback)
+
+    def publish_entry(self, message) -> None:
+        self.entries.append(message)
 
     def stats(self) -> dict:
         return {"queue_depth": 0, "published": len(self.events) + len(self.feedback),

@@ -1,0 +1,37 @@
+"""docs/metrics.md names every metric family a fully equipped replica exports on /metrics."""
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from cache_core.persistence import Persistence
+from cache_core.service import create_app
+from cache_core.settings import PROJECT_ROOT, Settings
+from tests.unit.cache_helpers import RecordingPublisher
+
+
+def _exported(minilm_embedder, tmp_path) -> dict[str, str]:
+    """Family name -> type, from a replica with persistence and replication, after some traffic."""
+    app = create_app(Settings(), RecordingPublisher(), minilm_embedder, persistence=Persistence(tmp_path / "snap"),
+                     replicate=True, instance_id="docs")
+    with TestClient(app) as client:
+        client.post("/v1/store", json={"query": "How do I reset my password?", "answer": "Link.", "unit_id": "u"})
+        client.post("/v1/lookup", json={"query": "how can I reset my password", "unit_id": "u"})
+        client.post("/v1/feedback", json={"request_id": "r", "verdict": "correct"})
+        text = client.get("/metrics").text
+    return {f.name: f.type for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+
+
+def test_every_exported_metric_is_documented_with_its_type(minilm_embedder, tmp_path):
+    exported = _exported(minilm_embedder, tmp_path)
+    doc = (PROJECT_ROOT / "docs" / "metrics.md").read_text()
+    documented = dict(re.findall(r"^\| `(scache_\w+)` \| (counter|gauge|histogram) \|", doc, flags=re.M))
+    listed = set(re.findall(r"^\| `(scache_\w+)` \|", doc, flags=re.M))
+    assert {"scache_publisher_spilled", "scache_persistence_fsyncs", "scache_replication_messages"} <= set(exported)
+    missing = sorted(set(exported) - listed)
+    assert not missing, f"docs/metrics.md does not name {missing}"
+    wrong = {name: (kind, documented[name]) for name, kind in exported.items()
+             if name in documented and documented[name] != kind}
+    assert not wrong, f"documented with another type (exported, documented): {wrong}"
