@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from cache_core.cache import SemanticCache
 from cache_core.events import EntryMessage, FeedbackEvent
 from cache_core.experiments import ArmConfig
-from cache_core.feedback import FeedbackFollower
+from cache_core.feedback import FeedbackFollower, ServedHit
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics
@@ -397,6 +397,14 @@ def test_a_checkpoint_while_running_lets_a_crashed_replica_resume(tmp_path):
     assert after.stats()["restored_hits"] == 1
     _verdict(after, 5, served)  # posted while it was down
     assert after.stats()["invalidated"] == 1 and not restarted.lookup(PARAPHRASE, unit).hit
+
+
+def test_the_state_file_is_plain_json_with_every_hit(tmp_path):
+    cache, _ = _cache(feedback_memory=5000)
+    for n in range(4500):  # more than one chunk of the chunked dump
+        cache.served.remember(f"r{n}", ServedHit(("ns", "e", "a"), "e", "a", f"entry-{n % 7}", f"u{n}"))
+    saved = json.loads(FeedbackFollower(FEEDBACK_KAFKA, cache, state_dir=tmp_path).save_state().read_text())
+    assert saved["topic"] == FEEDBACK_KAFKA.feedback_topic and saved["hits"] == cache.served.export()
 
 
 def test_restored_hits_come_before_the_ones_served_since_and_stay_bounded():
