@@ -98,7 +98,9 @@ def create_app(settings: Settings, publisher, embedder: Embedder | None = None, 
     sweeper = ExpirySweeper(cache, expiry_sweep_s).start() if expiry_sweep_s else None
     follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
     metrics = ServiceMetrics(cache, publisher.stats, persistence.metrics if persistence else None,
-                             follower.stats if follower else None)
+                             follower.stats if follower else None,
+                             feedback_stats=lambda: app.state.feedback_follower.stats()
+                             if app.state.feedback_follower else None)
     metrics_holder.append(metrics)
     upstream = httpx.Client()
     if control_publisher is None:

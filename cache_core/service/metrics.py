@@ -8,6 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cache_core.cache import SemanticCache
 from cache_core.events import CacheEvent
+from cache_core.feedback import OUTCOMES as FEEDBACK_OUTCOMES
 from cache_core.replication import OUTCOMES
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
@@ -28,7 +29,8 @@ class ServiceMetrics:
 
     def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
                  persistence_stats: Callable[[], dict] | None = None,
-                 replication_stats: Callable[[], dict] | None = None):
+                 replication_stats: Callable[[], dict] | None = None,
+                 feedback_stats: Callable[[], dict | None] | None = None):
         self.registry = CollectorRegistry()
         labels = ["experiment", "arm"]
         self.requests = Counter("scache_requests", "Lookups by decision", labels + ["decision"],
@@ -57,7 +59,8 @@ class ServiceMetrics:
                                           registry=self.registry)
         self.admin = Counter("scache_admin_actions", "Admin actions performed", ["action"],
                              registry=self.registry)
-        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats, replication_stats))
+        self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats, replication_stats,
+                                                 feedback_stats))
 
     def observe_lookup(self, event: CacheEvent) -> None:
         self.requests.labels(event.experiment_id, event.arm, event.decision).inc()
@@ -78,11 +81,13 @@ class _ScrapeTimeGauges:
 
     def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
                  persistence_stats: Callable[[], dict] | None,
-                 replication_stats: Callable[[], dict] | None = None):
+                 replication_stats: Callable[[], dict] | None = None,
+                 feedback_stats: Callable[[], dict | None] | None = None):
         self.cache = cache
         self.publisher_stats = publisher_stats
         self.persistence_stats = persistence_stats
         self.replication_stats = replication_stats
+        self.feedback_stats = feedback_stats
 
     def collect(self):
         stats = self.publisher_stats()
@@ -118,6 +123,7 @@ class _ScrapeTimeGauges:
                 gauge.add_metric([], float(value))
                 yield gauge
         yield from self._replication()
+        yield from self._feedback_follower()
         applied = CounterMetricFamily("scache_feedback_applied", "Verdicts applied to the hits this replica "
                                       "served, by outcome (cache_core.feedback)", labels=["experiment", "arm", "outcome"])
         for (experiment, arm, outcome), count in sorted(self.cache.feedback_outcomes.items()):
@@ -140,6 +146,25 @@ class _ScrapeTimeGauges:
         yield refreshes
         caught_up = GaugeMetricFamily("scache_replication_caught_up",
                                       "1 once the entries topic present at start has been applied")
+        caught_up.add_metric([], float(stats["caught_up"]))
+        yield caught_up
+
+    def _feedback_follower(self):
+        """The feedback topic follower's figures (nothing before one is started)."""
+        stats = self.feedback_stats() if self.feedback_stats is not None else None
+        if stats is None:
+            return
+        messages = CounterMetricFamily("scache_feedback_follower_messages",
+                                       "Feedback-topic verdicts read, by what they did here", labels=["outcome"])
+        for outcome in (*FEEDBACK_OUTCOMES, "malformed", "handler_errors"):
+            messages.add_metric([outcome], float(stats.get(outcome, 0)))
+        yield messages
+        checkpoints = CounterMetricFamily("scache_feedback_follower_checkpoints",
+                                          "Served hits and offsets checkpointed while running")
+        checkpoints.add_metric([], float(stats.get("checkpoints", 0)))
+        yield checkpoints
+        caught_up = GaugeMetricFamily("scache_feedback_follower_caught_up",
+                                      "1 once the feedback topic is read up to where it stood at start")
         caught_up.add_metric([], float(stats["caught_up"]))
         yield caught_up
 

@@ -6,9 +6,10 @@ import re
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from cache_core.feedback import FeedbackFollower
 from cache_core.persistence import Persistence
 from cache_core.service import create_app
-from cache_core.settings import PROJECT_ROOT, Settings
+from cache_core.settings import PROJECT_ROOT, KafkaSettings, Settings
 from tests.unit.cache_helpers import RecordingPublisher
 
 
@@ -16,6 +17,7 @@ def _exported(minilm_embedder, tmp_path) -> dict[str, str]:
     """Family name -> type, from a replica with persistence and replication, after some traffic."""
     app = create_app(Settings(), RecordingPublisher(), minilm_embedder, persistence=Persistence(tmp_path / "snap"),
                      replicate=True, instance_id="docs")
+    app.state.feedback_follower = FeedbackFollower(KafkaSettings(), app.state.cache)  # as the service sets it
     with TestClient(app) as client:
         client.post("/v1/store", json={"query": "How do I reset my password?", "answer": "Link.", "unit_id": "u"})
         client.post("/v1/lookup", json={"query": "how can I reset my password", "unit_id": "u"})
@@ -29,7 +31,8 @@ def test_every_exported_metric_is_documented_with_its_type(minilm_embedder, tmp_
     doc = (PROJECT_ROOT / "docs" / "metrics.md").read_text()
     documented = dict(re.findall(r"^\| `(scache_\w+)` \| (counter|gauge|histogram) \|", doc, flags=re.M))
     listed = set(re.findall(r"^\| `(scache_\w+)` \|", doc, flags=re.M))
-    assert {"scache_publisher_spilled", "scache_persistence_fsyncs", "scache_replication_messages"} <= set(exported)
+    assert {"scache_publisher_spilled", "scache_persistence_fsyncs", "scache_replication_messages",
+            "scache_feedback_follower_caught_up"} <= set(exported)
     missing = sorted(set(exported) - listed)
     assert not missing, f"docs/metrics.md does not name {missing}"
     wrong = {name: (kind, documented[name]) for name, kind in exported.items()
