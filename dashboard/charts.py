@@ -15,6 +15,7 @@ DAY = pd.Timedelta(days=1)
 def time_axis(times: pd.Series) -> alt.Axis:
     """Minute labels at most once a minute (``%H:%M`` on 30 s ticks printed each minute twice),
     with the date once the data spans more than a day."""
+    times = pd.to_datetime(times, utc=True, errors="coerce").dropna()
     span = times.max() - times.min() if len(times) else pd.Timedelta(0)
     return alt.Axis(format="%b %d %H:%M" if span > DAY else "%H:%M", tickMinStep=60_000)
 
