@@ -14,15 +14,16 @@ the drain thread waiting for acks for up to ``send_timeout_s``; meanwhile the re
 threads go on filling the queue. So the wait is taken in slices, and once the queue is
 half full the drain thread moves what is queued to the spool (``stats()["spilled"]``),
 from where it is sent after the stalled batch. The same spill catches a queue filling
-because events are offered faster than one batch at a time is acknowledged. At 6,000 events/s through a 6 s leader
-failover the queue of 20,000 used to overflow (26,570 events dropped,
-bench/failover_publisher.py); a spill keeps them. The spilled events are newer than the
-stalled batch, so order holds when that batch is acknowledged, as it is after a
-failover; if it fails instead, its records are spooled behind the spilled ones
+because events are offered faster than one batch at a time is acknowledged. At 6,000
+events/s through a 6 s leader failover the queue of 20,000 used to overflow (26,570
+events dropped, bench/failover_publisher.py); a spill keeps them. The spilled events are
+newer than the stalled batch, so order holds when that batch is acknowledged, as it is
+after a failover; if it fails instead, its records are spooled behind the spilled ones
 (``stats()["reordered"]``: a unit's events may then arrive out of order, none is lost).
 
 Nothing is lost unless the spool is full (or the in-memory queue overflows before the
-drain thread can spill it); such losses are counted in ``stats()["dropped"]`` and logged. Delivery is at least once:
+drain thread can spill it); such losses are counted in ``stats()["dropped"]`` and
+logged. Delivery is at least once:
 a message whose ack was lost in a broker failure is sent again from the spool.
 Heartbeats are never spooled (a stale heartbeat would not advance any watermark).
 """
