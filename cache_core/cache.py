@@ -74,6 +74,7 @@ SEARCH_K = 5
 EVICTION_SCAN = 64
 ENTRY_OVERHEAD_BYTES = 256
 SHARED_ARM = "*"
+DROPPED_IDS_REMEMBERED = 20_000  # entry ids feedback removed, refused if replayed (ids ~32 chars)
 # The background ANN check scans the exact twin in steps of EXACT_BLOCK_ROWS rows,
 # releasing the partition lock in between (about 0.2 ms per step with 384 dimensions).
 # A batch of checks multiplies at most EXACT_BLOCK_CELLS query x row pairs per step
@@ -592,6 +593,10 @@ class SemanticCache:
         self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
         """(experiment, arm, outcome) -> verdicts on the hits served here."""
         self._feedback_lock = threading.Lock()
+        # Entries feedback took out, so a replayed "put" of one cannot bring it back (a restarted
+        # replica may apply a verdict before its entries replay reaches the put).
+        self._dropped_ids: OrderedDict[str, None] = OrderedDict()
+        self._dropped_lock = threading.Lock()
         self._partitions: dict[tuple[str, str, str], Partition] = {}
         self._partitions_lock = threading.Lock()
         self._idle_marks: dict[tuple[str, str, str], int] = {}  # mutations at the last retire_idle_stores
@@ -869,6 +874,7 @@ class SemanticCache:
             invalidated = len(entry.wrong_units) >= limit
             if invalidated:
                 partition.remove(hit.entry_id)
+                self._note_dropped(hit.entry_id)
         if not invalidated:
             if new_vote:  # durable before the 202, like a store: a crash must not forget the unit
                 self.sync_journal()
@@ -895,9 +901,12 @@ class SemanticCache:
     def apply_replicated(self, key: tuple[str, str, str], entry: CacheEntry) -> str:
         """Insert an entry another replica admitted, into the store of the same key (so arms
         stay apart). Its admission tier was decided there; this replica's capacity and LRU
-        still apply. Returns the outcome: applied, duplicate, stale, expired or too_large."""
+        still apply. Returns the outcome: applied, duplicate, stale, expired, too_large or
+        dropped_before (feedback took this entry out here already)."""
         if not entry.alive(self.clock()):
             return "expired"
+        if entry.entry_id in self._dropped_ids:
+            return "dropped_before"
         with self._live(lambda: self._partition_by_key(key)) as partition:
             now = self.clock()
             if entry.entry_id in partition.entries:
@@ -925,6 +934,7 @@ class SemanticCache:
 
     def apply_replicated_drop(self, key: tuple[str, str, str], entry_id: str) -> bool:
         """Remove an entry another replica invalidated (False: not here)."""
+        self._note_dropped(entry_id)  # also when not here yet: its put may still be on its way
         partition = self._partitions.get(key)
         if partition is None:
             return False
@@ -951,11 +961,18 @@ class SemanticCache:
             if not limit or len(entry.wrong_units) < limit:
                 return "votes"
             partition.remove(entry_id)
+            self._note_dropped(entry_id)
         self.sync_journal()
         log.info("entry invalidated by feedback votes", extra={
             "namespace": key[0], "experiment_id": experiment_id, "arm": arm, "entry_id": entry_id,
             "wrong_units": len(entry.wrong_units)})
         return "voted_out"
+
+    def _note_dropped(self, entry_id: str) -> None:
+        with self._dropped_lock:
+            self._dropped_ids[entry_id] = None
+            while len(self._dropped_ids) > DROPPED_IDS_REMEMBERED:
+                self._dropped_ids.popitem(last=False)
 
     def sync_journal(self) -> None:
         """Make every change logged so far durable (no-op without persistence)."""

@@ -94,7 +94,7 @@ PURGES_REMEMBERED = 64  # per namespace: a put created before one of them but de
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
             "purges", "purged_before", "dropped", "votes", "voted_out", "clusters", "own", "other_model",
-            "unknown_change", "malformed")
+            "dropped_before", "unknown_change", "malformed")
 # A change kind a newer replica produces during a rolling upgrade: skipped and counted, logged once per kind.
 KNOWN_CHANGES = frozenset(typing.get_args(EntryMessage.model_fields["change"].annotation))
 

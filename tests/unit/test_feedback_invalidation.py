@@ -233,6 +233,21 @@ def test_a_vote_from_another_replica_makes_the_serving_replica_reach_the_limit_a
     assert follower_a.stats()["dropped"] == 1 and not a.lookup(PARAPHRASE, first).hit
 
 
+def test_an_entry_feedback_took_out_is_not_brought_back_by_a_replayed_put():
+    """A restarted replica may apply a verdict (feedback topic) before its entries replay reaches
+    the entry's put: the put must not bring the entry back."""
+    (a, feed_a, _), (b, feed_b, follower_b), first, _ = _two_replicas(limit=1)
+    [(key, entry_id)] = [(p.key, e.entry_id) for p in a.partitions() for e in p.entries.values()]
+    assert b.apply_feedback(_served(b, first), "wrong") == "invalidated"
+    a.entry_feed.stored(key, next(iter(a.partitions())).entries[entry_id])  # the put, replayed after
+    _deliver(feed_a.values, follower_b, start=100)
+    assert follower_b.stats()["dropped_before"] == 1 and not b.lookup(PARAPHRASE, first).hit
+    # a drop that arrives before its put (another replica's verdict) holds the same way
+    c, _, follower_c, _ = _replica("c", a.clock, exp=a.registry.get(key[1]), embedder=_embedder())
+    _deliver(feed_b.values + feed_a.values, follower_c)
+    assert follower_c.stats()["dropped_before"] == 1 and sum(len(p) for p in c.partitions()) == 0
+
+
 def test_the_same_unit_on_two_replicas_counts_once():
     (a, feed_a, follower_a), (b, feed_b, follower_b), first, _second = _two_replicas(limit=2)
     assert a.apply_feedback(_served(a, first), "wrong") == "counted"
