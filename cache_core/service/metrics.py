@@ -134,39 +134,23 @@ class _ScrapeTimeGauges:
         """Entry messages from the other replicas, by outcome (nothing when not replicating)."""
         if self.replication_stats is None:
             return
-        stats = self.replication_stats()
-        messages = CounterMetricFamily("scache_replication_messages",
-                                       "Entries-topic messages read, by outcome", labels=["outcome"])
-        for outcome in OUTCOMES + ("handler_errors",):
-            messages.add_metric([outcome], float(stats.get(outcome, 0)))
-        yield messages
-        refreshes = CounterMetricFamily("scache_replication_cluster_refreshes",
-                                        "Cluster models re-sent so the entries topic keeps them within its retention")
-        refreshes.add_metric([], float(stats.get("cluster_refreshes", 0)))
-        yield refreshes
-        caught_up = GaugeMetricFamily("scache_replication_caught_up",
-                                      "1 once the entries topic present at start has been applied")
-        caught_up.add_metric([], float(stats["caught_up"]))
-        yield caught_up
+        yield from _topic_follower(
+            "scache_replication", self.replication_stats(), (*OUTCOMES, "handler_errors"),
+            messages_help="Entries-topic messages read, by outcome",
+            counter=("cluster_refreshes",
+                     "Cluster models re-sent so the entries topic keeps them within its retention"),
+            caught_up_help="1 once the entries topic present at start has been applied")
 
     def _feedback_follower(self):
         """The feedback topic follower's figures (nothing before one is started)."""
         stats = self.feedback_stats() if self.feedback_stats is not None else None
         if stats is None:
             return
-        messages = CounterMetricFamily("scache_feedback_follower_messages",
-                                       "Feedback-topic verdicts read, by what they did here", labels=["outcome"])
-        for outcome in (*FEEDBACK_OUTCOMES, "malformed", "handler_errors"):
-            messages.add_metric([outcome], float(stats.get(outcome, 0)))
-        yield messages
-        checkpoints = CounterMetricFamily("scache_feedback_follower_checkpoints",
-                                          "Served hits and offsets checkpointed while running")
-        checkpoints.add_metric([], float(stats.get("checkpoints", 0)))
-        yield checkpoints
-        caught_up = GaugeMetricFamily("scache_feedback_follower_caught_up",
-                                      "1 once the feedback topic is read up to where it stood at start")
-        caught_up.add_metric([], float(stats["caught_up"]))
-        yield caught_up
+        yield from _topic_follower(
+            "scache_feedback_follower", stats, (*FEEDBACK_OUTCOMES, "malformed", "handler_errors"),
+            messages_help="Feedback-topic verdicts read, by what they did here",
+            counter=("checkpoints", "Served hits and offsets checkpointed while running"),
+            caught_up_help="1 once the feedback topic is read up to where it stood at start")
 
     def _ann_checks(self):
         """The batched ANN checker's figures (nothing when checks run singly)."""
@@ -189,3 +173,20 @@ class _ScrapeTimeGauges:
         pending = GaugeMetricFamily("scache_ann_check_pending", "ANN checks waiting for a batch")
         pending.add_metric([], float(stats["pending"]))
         yield pending
+
+
+def _topic_follower(prefix: str, stats: dict, outcomes: tuple[str, ...], *, messages_help: str,
+                    counter: tuple[str, str], caught_up_help: str):
+    """A topic follower's families: ``<prefix>_messages`` by outcome, one more counter
+    (``<prefix>_<name>``), and ``<prefix>_caught_up``."""
+    messages = CounterMetricFamily(f"{prefix}_messages", messages_help, labels=["outcome"])
+    for outcome in outcomes:
+        messages.add_metric([outcome], float(stats.get(outcome, 0)))
+    yield messages
+    name, help_text = counter
+    extra = CounterMetricFamily(f"{prefix}_{name}", help_text)
+    extra.add_metric([], float(stats.get(name, 0)))
+    yield extra
+    caught_up = GaugeMetricFamily(f"{prefix}_caught_up", caught_up_help)
+    caught_up.add_metric([], float(stats["caught_up"]))
+    yield caught_up
