@@ -7,15 +7,12 @@ CLI: ``python -m infra.flink.resolve`` prints the jar path.
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 import sys
 from pathlib import Path
 
 from infra.maven import copy_dependencies_once
 from infra.runtime import scache_home
-
-log = logging.getLogger(__name__)
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"

@@ -7,14 +7,11 @@ is written only after Maven succeeded; a half-copied directory is never used.
 from __future__ import annotations
 
 import hashlib
-import logging
 import sys
 from pathlib import Path
 
 from infra.maven import copy_dependencies_once
 from infra.runtime import scache_home
-
-log = logging.getLogger(__name__)
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 MARKER = ".complete"
