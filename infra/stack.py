@@ -86,6 +86,8 @@ class Stack:
             "SCACHE_FLINK__IDLE_TIMEOUT_S": "30",  # heartbeats keep partitions advancing
             "SCACHE_FLINK__ALLOWED_LATENESS_S": "2",
             "SCACHE_FLINK__CHECKPOINT_DIR": str(self.state_dir / "checkpoints"),
+            # PyFlink writes Flink's own log into its package dir unless told otherwise.
+            "FLINK_LOG_DIR": str(self.state_dir / "logs" / "flink"),
         })
         log_path = self.state_dir / "logs" / "flink-job.log"
         job = spawn("flink-job", [sys.executable, str(REPO_ROOT / "jobs" / "attribution_job.py")],
