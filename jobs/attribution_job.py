@@ -257,6 +257,19 @@ GROUP BY window_start, window_end, shard
 """, f"SELECT pt, MOD(ts_ms, {shards}) AS shard, {body} AS row_json FROM {source}"
 
 
+def ticks_sql(settings: Settings) -> str:
+    """One tick per aggregate table and flush interval (processing time) while the events topic
+    carries anything, the caches' heartbeats included; see jobs/clickhouse_sink.py."""
+    tables = ", ".join(f"'{t}'" for t in clickhouse_sink.TABLES)
+    return f"""
+SELECT t.tbl AS tbl, '' AS k, '{clickhouse_sink.TICK_BODY}' AS body
+FROM (SELECT window_start
+      FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(pt), INTERVAL '{settings.flink.raw_batch_s}' SECOND))
+      GROUP BY window_start, window_end) AS w
+CROSS JOIN UNNEST(ARRAY[{tables}]) AS t(tbl)
+"""
+
+
 # -- pipeline ---------------------------------------------------------------------------
 
 def configure_table_env(t_env: StreamTableEnvironment, settings: Settings) -> None:
@@ -303,6 +316,7 @@ def build_pipeline(t_env: StreamTableEnvironment, settings: Settings) -> None:
                         (clickhouse_sink.FEEDBACK_AGG, "feedback_agg_rows")):
         spec = clickhouse_sink.TABLES[table]
         parts.append(_as_sink_rows(table, view, spec.input_columns, spec.keys))
+    parts.append(ticks_sql(settings))
     sink_rows = t_env.sql_query("\nUNION ALL\n".join(parts))
     _sink(t_env, sink_rows, settings)
 

@@ -7,6 +7,11 @@ Flink SQL hands this operator rows ``(tbl, k, body)`` where ``body`` is JSON:
 - aggregate tables (window_agg, late_events, feedback_agg): one updating row per key
   ``k``; the latest version of each key waits in keyed MapState (checkpointed) and every
   ``flush_s`` all pending keys of a table go out in ONE insert, stamped ``emitted_at_ms``.
+- ticks (``body`` empty, one per aggregate table and ``flush_s`` of processing time while
+  the events topic carries anything, heartbeats included): they re-arm the flush timer of
+  a table with pending rows. After a task failover, the restored MapState can hold rows
+  whose flush timer the checkpoint did not keep (seen under load when the warehouse went
+  down as a window fired: the windows never reached ClickHouse); a tick heals that.
 
 Every table is a ReplacingMergeTree over the row's identity (request_id or the window x
 dimensions, latest ``emitted_at_ms`` winning), so a batch written again after a restart
@@ -25,7 +30,7 @@ from datetime import datetime, timezone
 from pyflink.common import Types
 from pyflink.common.types import RowKind
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
-from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+from pyflink.datastream.state import MapStateDescriptor
 
 from cache_core.events import (
     CacheEvent, FeedbackAggregate, FeedbackEvent, LateEventCount, WindowAggregate,
@@ -75,6 +80,8 @@ TABLES = {
                                                      "namespace", "config_version", "intent_cluster"]),
 }
 RAW_TABLES = (EVENTS_RAW, FEEDBACK_RAW)
+TICK_BODY = ""
+"""The body of a tick row (see the module doc)."""
 
 
 def utc(value) -> datetime:
@@ -104,6 +111,11 @@ def emptied(table: str, body: str) -> str:
         value = row[column]
         row[column] = [0] * len(value) if isinstance(value, list) else 0
     return json.dumps(row, separators=(",", ":"))
+
+
+def flush_due_ms(now_ms: int, flush_ms: int) -> int:
+    """The next multiple of the flush interval after ``now_ms``."""
+    return now_ms - now_ms % flush_ms + flush_ms
 
 
 def insert_body(pending: Iterable[str], emitted_at_ms: int) -> str:
@@ -138,7 +150,6 @@ class ClickHouseSink(KeyedProcessFunction):
         self._client = connect(self._ch)
         self._pending = runtime_context.get_map_state(
             MapStateDescriptor("pending", Types.STRING(), Types.STRING()))
-        self._due = runtime_context.get_state(ValueStateDescriptor("flush-due", Types.LONG()))
 
     def close(self) -> None:
         if self._client is not None:
@@ -150,13 +161,20 @@ class ClickHouseSink(KeyedProcessFunction):
         if table in RAW_TABLES:
             yield self._insert(table, body, rows=body.count("},{") + 1)
             return
+        if body == TICK_BODY:
+            if not self._pending.is_empty():
+                self._arm_flush(ctx)
+            return
         if kind == RowKind.UPDATE_BEFORE:
             return  # its UPDATE_AFTER follows with the new values
         self._pending.put(key, emptied(table, body) if kind == RowKind.DELETE else body)
-        if self._due.value() is None:
-            due = ctx.timer_service().current_processing_time() + self._flush_ms
-            ctx.timer_service().register_processing_time_timer(due)
-            self._due.update(due)
+        self._arm_flush(ctx)
+
+    def _arm_flush(self, ctx: KeyedProcessFunction.Context) -> None:
+        # Aligned to the interval: Flink keeps one timer per key and timestamp, so however many
+        # rows (or ticks) arrive, a table gets at most one flush per interval.
+        now = ctx.timer_service().current_processing_time()
+        ctx.timer_service().register_processing_time_timer(flush_due_ms(now, self._flush_ms))
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
         pending = list(self._pending.values())
@@ -164,7 +182,6 @@ class ClickHouseSink(KeyedProcessFunction):
             body = insert_body(pending, int(time.time() * 1000))
             yield self._insert(ctx.get_current_key(), body, rows=len(pending))
         self._pending.clear()
-        self._due.clear()
 
     def _insert(self, table: str, body: str, rows: int) -> str:
         started = time.monotonic()

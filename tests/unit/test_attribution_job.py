@@ -72,6 +72,22 @@ def test_raw_batches_join_json_rows_in_java_without_listagg():
     assert rows_sql.count("KEY '") == len(sink.RAW_COLUMNS) and "KEY 'request_id' VALUE `request_id`" in rows_sql
 
 
+def test_ticks_reach_every_aggregate_table_once_per_flush_interval():
+    sql = job.ticks_sql(_settings(raw_batch_s=4))
+    # Heartbeats count: with no traffic, a restored table's pending rows must still flush.
+    assert "FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(pt), INTERVAL '4' SECOND))" in sql
+    assert "heartbeat" not in sql
+    assert "UNNEST(ARRAY['window_agg', 'late_events', 'feedback_agg'])" in sql
+    assert f"'{sink.TICK_BODY}' AS body" in sql
+
+
+def test_flush_timers_align_to_the_interval():
+    # Flink keeps one timer per key and timestamp: aligned timestamps coalesce.
+    assert sink.flush_due_ms(10_000, 1000) == 11_000
+    assert sink.flush_due_ms(10_999, 1000) == 11_000
+    assert {sink.flush_due_ms(t, 5000) for t in range(20_000, 25_000, 7)} == {25_000}
+
+
 def test_stamped_and_emptied_rows():
     body = '{"window_start":"2026-01-01 12:00:00.000","experiment_id":"e","correct":3,"wrong":1}'
     assert sink.stamp(body, 42) == body[:-1] + ',"emitted_at_ms":42}'
