@@ -252,4 +252,7 @@ def test_attribution_job_resumes_after_the_broker_restarts(broker, settings, ch_
     experiment_ids = sorted({e.experiment_id for e in events})
     wait_until(lambda: warehouse_windows(ch_client, experiment_ids) == expected_windows(events, FLINK_WINDOW_S),
                180, "window_agg after the broker restart", interval_s=1.0, proc=job.proc, log_path=job.log_path)
+    # The raw sink flushes on its own processing-time batches: it may land after the windows.
+    wait_until(lambda: raw_count(ids) == len(ids), 60, "every event in events_raw",
+               proc=job.proc, log_path=job.log_path)
     assert raw_count(ids) == len(ids)
