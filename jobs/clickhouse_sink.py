@@ -19,11 +19,9 @@ from checkpoint replaces rather than doubles; a failed insert raises, and the jo
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -37,8 +35,6 @@ from cache_core.events import (
     clickhouse_columns, flink_columns,
 )
 from cache_core.settings import ClickHouseSettings
-
-log = logging.getLogger(__name__)
 
 EVENTS_RAW = "events_raw"
 FEEDBACK_RAW = "feedback_raw"
@@ -121,19 +117,6 @@ def flush_due_ms(now_ms: int, flush_ms: int) -> int:
 def insert_body(pending: Iterable[str], emitted_at_ms: int) -> str:
     """Pending aggregate rows as one JSONEachRow body, all stamped with one version."""
     return "\n".join(stamp(body, emitted_at_ms) for body in pending)
-
-
-def dedup_token(table: str, key: object, rows: Iterable[Sequence], skip: Sequence[int] = ()) -> str:
-    """Stable token for a batch: same table, key and row content -> same token.
-
-    Columns at positions ``skip`` (e.g. emitted_at_ms, which changes on a re-send)
-    are left out, so a replayed batch deduplicates.
-    """
-    digest = hashlib.sha256()
-    for row in sorted(json.dumps([v for i, v in enumerate(r) if i not in skip], default=str)
-                      for r in rows):
-        digest.update(row.encode())
-    return f"{table}:{key}:{digest.hexdigest()[:24]}"
 
 
 class ClickHouseSink(KeyedProcessFunction):

@@ -98,16 +98,6 @@ def test_stamped_and_emptied_rows():
     assert hist == '{"requests":0,"latency_hist":[0,0],"arm":"a"}'
 
 
-def test_dedup_token_ignores_emission_time_and_row_order():
-    skip = [2]  # the emitted_at_ms column of these rows
-    a = [["w", 1, 100], ["w", 2, 100]]
-    b = [["w", 2, 999], ["w", 1, 999]]  # same batch re-sent later, other order
-    assert sink.dedup_token("window_agg", "k", a, skip) == sink.dedup_token("window_agg", "k", b, skip)
-    assert sink.dedup_token("window_agg", "k", a, skip) != sink.dedup_token("window_agg", "k2", a, skip)
-    assert sink.dedup_token("window_agg", "k", a, skip) != \
-        sink.dedup_token("window_agg", "k", [["w", 1, 100]], skip)
-
-
 def test_latest_checkpoint_picks_newest_completed(tmp_path):
     assert job.latest_checkpoint(tmp_path) is None
     old = tmp_path / "job1" / "chk-3"
