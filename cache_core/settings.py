@@ -185,6 +185,8 @@ class FlinkSettings(_Documented):
     state_ttl_s: int = Field(3600, ge=1)
     """Deduplication (by request_id) and open-aggregate state is kept this long."""
     checkpoint_interval_s: int = Field(10, ge=1)
+    sink_retry_s: float = Field(30.0, ge=0, le=600)
+    """An unreachable ClickHouse is retried in place this long; then the job restarts from its checkpoint."""
     checkpoint_dir: Path = Path.home() / ".cache" / "scache" / "checkpoints"
     group_id: str = "scache-attribution"
     """Kafka consumer group of the job."""

@@ -325,7 +325,8 @@ def _sink(t_env: StreamTableEnvironment, sink_rows: Table, settings: Settings) -
     # Keyed by table: each table's pending rows flush as one insert per batch interval.
     (t_env.to_changelog_stream(sink_rows)
         .key_by(lambda row: row[0], key_type=Types.STRING())
-        .process(clickhouse_sink.ClickHouseSink(settings.clickhouse, settings.flink.raw_batch_s),
+        .process(clickhouse_sink.ClickHouseSink(settings.clickhouse, settings.flink.raw_batch_s,
+                                                  settings.flink.sink_retry_s),
                  Types.STRING())
         .uid("clickhouse-sink").name("-> ClickHouse")
         .print("scache-sink"))

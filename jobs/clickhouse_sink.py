@@ -15,16 +15,20 @@ Flink SQL hands this operator rows ``(tbl, k, body)`` where ``body`` is JSON:
 
 Every table is a ReplacingMergeTree over the row's identity (request_id or the window x
 dimensions, latest ``emitted_at_ms`` winning), so a batch written again after a restart
-from checkpoint replaces rather than doubles; a failed insert raises, and the job restarts.
+from checkpoint replaces rather than doubles. An unreachable server is retried in place for
+``sink_retry_s`` (a ClickHouse restart or failover is absorbed without a job restart); after
+that, or on any error the server returns, the insert raises and the job restarts.
 """
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from clickhouse_connect.driver.exceptions import OperationalError
 from pyflink.common import Types
 from pyflink.common.types import RowKind
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
@@ -79,6 +83,8 @@ RAW_TABLES = (EVENTS_RAW, FEEDBACK_RAW)
 TICK_BODY = ""
 """The body of a tick row (see the module doc)."""
 
+T = TypeVar("T")
+
 
 def utc(value) -> datetime:
     """A Flink timestamp (TIMESTAMP_LTZ arrives as a pyflink Instant) as an aware UTC datetime."""
@@ -119,18 +125,41 @@ def insert_body(pending: Iterable[str], emitted_at_ms: int) -> str:
     return "\n".join(stamp(body, emitted_at_ms) for body in pending)
 
 
+def retry_unreachable(call: Callable[[], T], retry_s: float, what: str, *,
+                      sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> T:
+    """``call()``, retried with backoff (0.5 s doubling to 5 s) while the server is unreachable.
+
+    Only transport failures (``OperationalError``: refused, reset, timed out) retry, for at
+    most ``retry_s``; an error the server answers with (a bad row, a missing table) would
+    fail again, so it raises at once.
+    """
+    deadline, delay = clock() + retry_s, 0.5
+    while True:
+        try:
+            return call()
+        except OperationalError as error:
+            if clock() + delay > deadline:
+                raise
+            # The Python worker's stdout reaches the job's log; its loggers are not configured.
+            print(f"clickhouse unreachable ({what}), retrying in {delay:.1f}s: {error}", flush=True)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 class ClickHouseSink(KeyedProcessFunction):
     """Keyed by table name; emits one log line per insert."""
 
-    def __init__(self, ch: ClickHouseSettings, flush_s: int):
+    def __init__(self, ch: ClickHouseSettings, flush_s: int, retry_s: float):
         self._ch = ch
         self._flush_ms = flush_s * 1000
+        self._retry_s = retry_s
         self._client = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
         from cache_core.chclient import connect
 
-        self._client = connect(self._ch)
+        self._client = retry_unreachable(lambda: connect(self._ch), self._retry_s, "connect")
         self._pending = runtime_context.get_map_state(
             MapStateDescriptor("pending", Types.STRING(), Types.STRING()))
 
@@ -168,6 +197,8 @@ class ClickHouseSink(KeyedProcessFunction):
 
     def _insert(self, table: str, body: str, rows: int) -> str:
         started = time.monotonic()
-        self._client.raw_insert(table, insert_block=body.encode(), fmt="JSONEachRow",
-                                settings={"input_format_skip_unknown_fields": 1})
+        block = body.encode()
+        retry_unreachable(lambda: self._client.raw_insert(
+            table, insert_block=block, fmt="JSONEachRow", settings={"input_format_skip_unknown_fields": 1}),
+            self._retry_s, f"insert into {table}")
         return f"{table} rows={rows} insert_ms={(time.monotonic() - started) * 1000:.0f}"

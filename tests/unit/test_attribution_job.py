@@ -1,6 +1,9 @@
 """jobs/: the generated SQL and the sink's pure helpers (no services)."""
 from __future__ import annotations
 
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
 from cache_core.events import CacheEvent, WindowAggregate, flink_columns
 from cache_core.settings import Settings
 from jobs import attribution_job as job
@@ -110,3 +113,53 @@ def test_latest_checkpoint_picks_newest_completed(tmp_path):
     import os
     os.utime(old, (1, 1))
     assert job.latest_checkpoint(tmp_path) == new
+
+
+class _Clock:
+    """A fake monotonic clock that sleeping advances."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def _failing(times: int, error: Exception):
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) <= times:
+            raise error
+        return "inserted"
+    return call, calls
+
+
+def test_an_unreachable_warehouse_is_retried_with_backoff_until_it_answers():
+    clock = _Clock()
+    call, calls = _failing(5, OperationalError("Connection refused"))
+    assert sink.retry_unreachable(call, 30, "insert", sleep=clock.sleep, clock=lambda: clock.now) == "inserted"
+    assert len(calls) == 6 and clock.sleeps == [0.5, 1.0, 2.0, 4.0, 5.0]
+
+
+def test_a_long_outage_raises_once_the_retry_budget_is_spent():
+    clock = _Clock()
+    call, calls = _failing(1000, OperationalError("Connection refused"))
+    with pytest.raises(OperationalError):
+        sink.retry_unreachable(call, 10, "insert", sleep=clock.sleep, clock=lambda: clock.now)
+    assert sum(clock.sleeps) <= 10 and len(calls) == len(clock.sleeps) + 1 >= 3
+    # No budget: the first failure raises (the job restarts from its checkpoint).
+    call, calls = _failing(1, OperationalError("Connection refused"))
+    with pytest.raises(OperationalError):
+        sink.retry_unreachable(call, 0, "insert", sleep=clock.sleep, clock=lambda: clock.now)
+    assert len(calls) == 1
+
+
+def test_an_error_the_server_answers_with_is_not_retried():
+    clock = _Clock()
+    call, calls = _failing(1, DatabaseError("Code: 60. Unknown table"))
+    with pytest.raises(DatabaseError):
+        sink.retry_unreachable(call, 30, "insert", sleep=clock.sleep, clock=lambda: clock.now)
+    assert len(calls) == 1 and clock.sleeps == []
