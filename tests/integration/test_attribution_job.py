@@ -13,6 +13,7 @@ import itertools
 import random
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -148,10 +149,19 @@ def test_kill_mid_stream_and_restart_from_checkpoint_does_not_double_count(
                 lambda: _count(ch_client, "events_raw", "request_id", ids), len(ids), second)
 
 
+def _flink_restarts(job) -> int:
+    """How often Flink restarted the job, from its own log (FLINK_LOG_DIR, see tests/fixtures)."""
+    log_dir = Path(job.info["env"]["FLINK_LOG_DIR"])
+    return sum(path.read_text(errors="replace").count("switched from state RUNNING to RESTARTING")
+               for path in log_dir.glob("*.log"))
+
+
+@pytest.mark.parametrize("sink_retry_s", [0, 120], ids=["restarts-from-checkpoint", "retried-in-place"])
 def test_warehouse_outage_mid_stream_loses_and_doubles_nothing(
-        kafka_settings, flink_job_factory, tmp_path):
-    """ClickHouse restarts under a running job (an upgrade, a crash): inserts fail, the job
-    restarts from its checkpoint until the server is back, and every row lands exactly once."""
+        kafka_settings, flink_job_factory, tmp_path, sink_retry_s):
+    """ClickHouse restarts under a running job (an upgrade, a crash): inserts fail; the sink
+    retries in place for sink_retry_s, else the job restarts from its checkpoint until the
+    server is back. Either way every row lands exactly once."""
     data_dir, port = tmp_path / "outage-warehouse", free_port()
     warehouse = start_warehouse(data_dir, port=port)
     ch = ClickHouseSettings(url=warehouse.info["url"], database="scache")
@@ -159,7 +169,7 @@ def test_warehouse_outage_mid_stream_loses_and_doubles_nothing(
         setup = connect(ch, database="default")
         apply_migrations(setup, "scache")
         setup.close()
-        job = flink_job_factory(job_env(kafka_settings, ch))
+        job = flink_job_factory(job_env(kafka_settings, ch, SCACHE_FLINK__SINK_RETRY_S=str(sink_retry_s)))
         suffix = f"-{uuid.uuid4().hex[:8]}"
         events = make_events(int(time.time() * 1000) - 60_000, WINDOW_S, n=240, seed=11, suffix=suffix)
         half, ids = len(events) // 2, [e.request_id for e in events]
@@ -194,5 +204,10 @@ def test_warehouse_outage_mid_stream_loses_and_doubles_nothing(
         _wait_equal("events_raw rows after the outage",
                     lambda: _count(client, "events_raw", "request_id", ids), len(ids), job)
         client.close()
+        log = job.log_path.read_text(errors="replace")
+        if sink_retry_s:
+            assert "clickhouse unreachable" in log and _flink_restarts(job) == 0
+        else:
+            assert "clickhouse unreachable" not in log and _flink_restarts(job) >= 1
     finally:
         warehouse.stop()
