@@ -3,10 +3,12 @@
 Wiring only; the logic is in udfs/ (pure functions, registered as Flink UDFs) and the
 writes in jobs/clickhouse_sink.py. Everything configurable comes from
 ``cache_core.settings.get_settings()``. Runs on the local mini-cluster
-(``python jobs/attribution_job.py``) or on a cluster (see infra/flink/README.md).
+(``python jobs/attribution_job.py``) or on a cluster (see infra/flink/README.md);
+``--explain`` prints the optimized plan instead of submitting.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import time
@@ -263,10 +265,10 @@ def ticks_sql(settings: Settings) -> str:
     tables = ", ".join(f"'{t}'" for t in clickhouse_sink.TABLES)
     return f"""
 SELECT t.tbl AS tbl, '' AS k, '{clickhouse_sink.TICK_BODY}' AS body
-FROM (SELECT window_start
+FROM (SELECT window_start, ARRAY[{tables}] AS tick_tables
       FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(pt), INTERVAL '{settings.flink.raw_batch_s}' SECOND))
       GROUP BY window_start, window_end) AS w
-CROSS JOIN UNNEST(ARRAY[{tables}]) AS t(tbl)
+CROSS JOIN UNNEST(w.tick_tables) AS t(tbl)
 """
 
 
@@ -285,6 +287,11 @@ def configure_table_env(t_env: StreamTableEnvironment, settings: Settings) -> No
 
 def build_pipeline(t_env: StreamTableEnvironment, settings: Settings) -> None:
     """Declare sources, UDFs, dedup, aggregates, the feedback join and the one ClickHouse sink."""
+    _sink(t_env, sink_rows(t_env, settings), settings)
+
+
+def sink_rows(t_env: StreamTableEnvironment, settings: Settings) -> Table:
+    """Every row bound for ClickHouse, as (table, key, JSON body), from the declared sources."""
     window_s = settings.flink.window_s
     configure_table_env(t_env, settings)
     register_all(t_env)
@@ -317,8 +324,7 @@ def build_pipeline(t_env: StreamTableEnvironment, settings: Settings) -> None:
         spec = clickhouse_sink.TABLES[table]
         parts.append(_as_sink_rows(table, view, spec.input_columns, spec.keys))
     parts.append(ticks_sql(settings))
-    sink_rows = t_env.sql_query("\nUNION ALL\n".join(parts))
-    _sink(t_env, sink_rows, settings)
+    return t_env.sql_query("\nUNION ALL\n".join(parts))
 
 
 def _sink(t_env: StreamTableEnvironment, sink_rows: Table, settings: Settings) -> None:
@@ -380,13 +386,24 @@ def create_environment(settings: Settings) -> StreamExecutionEnvironment:
     return env
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="The scache attribution job (settings from SCACHE_*).")
+    parser.add_argument("--explain", action="store_true",
+                        help="print the optimized plan of every row bound for ClickHouse and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
     started = time.monotonic()
     try:
         env = create_environment(settings)
         t_env = StreamTableEnvironment.create(env)
+        if args.explain:
+            print(sink_rows(t_env, settings).explain(), flush=True)
+            return 0
         build_pipeline(t_env, settings)
         client = env.execute_async(JOB_NAME)
     except FileNotFoundError as exc:
