@@ -41,6 +41,8 @@ class _Pending:
     vec: np.ndarray
     raw: list
     future: Future
+    mark: object = None
+    """The lookup's ``IndexMark``: the check judges the entries it could see."""
 
 
 @dataclass
@@ -86,7 +88,7 @@ class AnnChecker:
     # -- request side -----------------------------------------------------------------
 
     def submit(self, partition, scope: str | None, vec: np.ndarray,
-               raw: list[tuple[str, float]]) -> Future | None:
+               raw: list[tuple[str, float]], mark=None) -> Future | None:
         """Queue one check; None if it was dropped (the event then goes out unchecked)."""
         with self._cond:
             if self._closed or self._pending >= self.max_pending:
@@ -100,7 +102,7 @@ class AnnChecker:
                     group = self._groups[key] = _Group(partition, scope, time.monotonic())
                 future: Future = Future()
                 future.scache_group = group  # lets ``wait(hurry=True)`` find it
-                group.items.append(_Pending(vec, raw, future))
+                group.items.append(_Pending(vec, raw, future, mark))
                 self._pending += 1
                 self._counts["submitted"] += 1
                 if first or len(group.items) == self.batch_size:
@@ -216,7 +218,8 @@ class AnnChecker:
         outcomes = None
         try:
             outcomes = group.partition.ann_check_many(
-                np.vstack([p.vec for p in group.items]), group.scope, [p.raw for p in group.items])
+                np.vstack([p.vec for p in group.items]), group.scope, [p.raw for p in group.items],
+                [p.mark for p in group.items])
         except Exception:  # a failed batch must not cost the events; they go out unchecked
             log.exception("batched ANN check failed", extra={"checks": len(group.items)})
         cpu_us = int((time.thread_time() - started) * 1e6)

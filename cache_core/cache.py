@@ -62,7 +62,7 @@ from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
 from cache_core.feedback import ServedHit, ServedHits, log_invalidation
 from cache_core.guards import first_conflict
-from cache_core.index import IndexSpec, VectorIndex
+from cache_core.index import IndexMark, IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.similarity import Weights, rank
 
@@ -247,6 +247,8 @@ class SearchOutcome:
     ann_recall_at_k: float | None = None
     raw: list[tuple[str, float]] = field(default_factory=list)
     """What the ANN structure returned (before dropping expired entries)."""
+    mark: IndexMark | None = None
+    """The index as the search left it: what a later ANN check compares with."""
 
 
 def _ranked(index: VectorIndex, scores: list[np.ndarray], ids: list[np.ndarray],
@@ -260,7 +262,8 @@ def _ranked(index: VectorIndex, scores: list[np.ndarray], ids: list[np.ndarray],
     for row_scores, row_ids in zip(scores_all, ids_all):
         order = np.argsort(-row_scores, kind="stable")[:k]
         names = index.labels(row_ids[order])
-        out.append([(name, float(row_scores[i])) for name, i in zip(names, order) if name is not None])
+        out.append([(name, float(row_scores[i])) for name, i in zip(names, order)
+                    if name is not None and np.isfinite(row_scores[i])])  # -inf: masked out
     return out
 
 
@@ -272,6 +275,28 @@ def ann_agreement(raw: list[tuple[str, float]], exact: list[tuple[str, float]]) 
     agree = bool(raw) and (raw[0][0] == exact[0][0] or abs(raw[0][1] - exact[0][1]) < 1e-6)
     recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
     return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
+
+
+def _compare_since(index: VectorIndex | None, raw: list[tuple[str, float]],
+                   exact: list[tuple[str, float]], mark: IndexMark | None) -> SearchOutcome:
+    """``ann_agreement`` on the entries present both at the lookup (``mark``) and now.
+    Each raw entry gone since takes one slot off the exact list too, so that the next
+    exact entry does not count as one the index missed."""
+    if mark is None:
+        return ann_agreement(raw, exact)
+    if index is not mark.index:  # the arm changed index structure: nothing to compare with
+        return SearchOutcome(best=None)
+
+    def present(entry_id: str) -> bool:
+        internal = index.internal_id(entry_id)
+        return internal is not None and internal < mark.next_id
+
+    kept_raw = [r for r in raw if present(r[0])]
+    if raw and not kept_raw:  # all the lookup saw has gone since: nothing left to judge it by
+        return SearchOutcome(best=None)
+    kept_exact = [e for e in exact if present(e[0])]
+    slots = max(len(kept_exact) - (len(raw) - len(kept_raw)), 1)
+    return ann_agreement(kept_raw, kept_exact[:slots])
 
 
 class Partition:
@@ -340,39 +365,55 @@ class Partition:
         outcome = SearchOutcome(best=None, raw=raw)
         outcome.candidates = self._alive(index, vec, raw, now, k)
         outcome.best = outcome.candidates[0] if outcome.candidates else None
+        outcome.mark = index.mark()
         return outcome
 
     def ann_check(self, vec: np.ndarray, scope: str | None, raw: list[tuple[str, float]],
-                  k: int = SEARCH_K, restarts: int = 2) -> SearchOutcome:
+                  mark: IndexMark | None = None, k: int = SEARCH_K, restarts: int = 2) -> SearchOutcome:
         """Compare the ANN answer ``raw`` with an exact search over the scope's vectors
         (``ann_check_many`` for a batch of one)."""
         return self.ann_check_many(np.asarray(vec, dtype=np.float32).reshape(1, -1), scope, [raw],
-                                   k=k, restarts=restarts)[0]
+                                   [mark], k=k, restarts=restarts)[0]
 
     def ann_check_many(self, vecs: np.ndarray, scope: str | None,
-                       raws: list[list[tuple[str, float]]], k: int = SEARCH_K,
-                       block_cells: int = EXACT_BLOCK_CELLS, restarts: int = 2) -> list[SearchOutcome]:
+                       raws: list[list[tuple[str, float]]], marks: list[IndexMark | None] | None = None,
+                       k: int = SEARCH_K, block_cells: int = EXACT_BLOCK_CELLS,
+                       restarts: int = 2) -> list[SearchOutcome]:
         """``ann_check`` for a batch of queries on one scope: one stepped exact scan whose
         steps are matrix products, so the vectors are read once for the whole batch.
         Same rules as the single check (lock per block, restart on change, after
-        ``restarts`` one piece under the lock); results in the order of ``vecs``."""
+        ``restarts`` one piece under the lock); results in the order of ``vecs``.
+
+        With ``marks`` (each lookup's ``SearchOutcome.mark``), a query is judged on the
+        entries that were in the index at its lookup and still are: a later store is left
+        out of the exact search (else the reply stored for a miss, identical to the query,
+        would be the exact top-1 of nearly every sampled miss), a removed entry out of both
+        lists, and a lookup whose index has since been replaced is not checked."""
+        marks = list(marks) if marks is not None else [None] * len(raws)
+        before = None
+        if any(m is not None for m in marks):
+            unbounded = np.iinfo(np.int64).max
+            before = np.array([unbounded if m is None else m.next_id for m in marks], dtype=np.int64)
         mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32).reshape(len(raws), -1))
         # A step multiplies queries x rows; bounding that product keeps the lock hold
         # (and a lookup's wait) about as short as a single-query step's.
         block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BLOCK_ROWS, block_cells // max(len(mat), 1)))
         exact = None
         for _attempt in range(restarts + 1):
-            exact = self._exact_many_in_steps(mat, scope, k, block_rows)
+            exact = self._exact_many_in_steps(mat, scope, k, block_rows, before=before)
             if exact is not None:
                 break
-        if exact is None:
-            with self.lock:  # reentrant: no change can land, so this pass completes
-                exact = self._exact_many_in_steps(mat, scope, k, block_rows, step_aside=False)
-        return [ann_agreement(raw, found) for raw, found in zip(raws, exact)]
+        with self.lock:  # reentrant: no change can land, so this pass completes
+            if exact is None:
+                exact = self._exact_many_in_steps(mat, scope, k, block_rows, step_aside=False, before=before)
+            index = self.indexes.get(scope or "")
+            return [_compare_since(index, raw, found, mark) for raw, found, mark in zip(raws, exact, marks)]
 
     def _exact_many_in_steps(self, mat: np.ndarray, scope: str | None, k: int, block_rows: int,
-                             step_aside: bool = True) -> list[list[tuple[str, float]]] | None:
-        """Each query's exact top-k in blocks; None if the partition changed between blocks."""
+                             step_aside: bool = True, before: np.ndarray | None = None,
+                             ) -> list[list[tuple[str, float]]] | None:
+        """Each query's exact top-k in blocks; None if the partition changed between blocks.
+        ``before``: per query, leave out the rows added at or after that internal id."""
         with self.lock:
             index, mark = self.indexes.get(scope or ""), self.mutations
         queries = len(mat)
@@ -384,7 +425,8 @@ class Partition:
                     return None
                 if start >= index.exact_rows():
                     return _ranked(index, scores, ids, k)  # named while unchanged
-                block_scores, block_ids = index.exact_block_many(mat, start, start + block_rows, k)
+                block_scores, block_ids = index.exact_block_many(mat, start, start + block_rows, k,
+                                                                 before=before)
             scores.append(block_scores)
             ids.append(block_ids)
             start += block_rows
@@ -538,8 +580,8 @@ class _EventRecord:
     entry: dict
     ts_ms: int
     latency_ms: float
-    check: tuple[Partition, str | None, list] | None = None
-    """(partition, scope, ANN answer) when this request was sampled for an ANN check."""
+    check: tuple[Partition, str | None, list, IndexMark | None] | None = None
+    """(partition, scope, ANN answer, index mark) when this request was sampled for an ANN check."""
     check_future: Future | None = None
     """Instead of ``check``: the batched check's result to come (``AnnChecker``)."""
     similarity_mode: str = "cosine"
@@ -683,9 +725,10 @@ class SemanticCache:
             similarity_mode=arm.similarity, score=ranking.score, score_margin=ranking.score_margin)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
-                record.check = (partition, scope, outcome.raw)
+                record.check = (partition, scope, outcome.raw, outcome.mark)
             else:  # never blocks: a full checker drops the check (counted) and returns None
-                record.check_future = self.ann_checker.submit(partition, scope, req.vec, outcome.raw)
+                record.check_future = self.ann_checker.submit(partition, scope, req.vec, outcome.raw,
+                                                              outcome.mark)
         pending = self._hand_off(record)
         entry = served.entry if hit else None
         if entry is not None:
@@ -1247,9 +1290,9 @@ class SemanticCache:
         """Run the sampled ANN check (if any), build the event, emit it (executor side)."""
         outcome = SearchOutcome(best=None)
         if record.check is not None:
-            partition, scope, raw = record.check
+            partition, scope, raw, mark = record.check
             try:
-                outcome = partition.ann_check(record.req.vec, scope, raw)
+                outcome = partition.ann_check(record.req.vec, scope, raw, mark)
             except Exception:  # a failed check must not cost the event; it stays unchecked
                 log.exception("ANN check failed", extra={"request_id": record.req.request_id})
         elif record.check_future is not None:

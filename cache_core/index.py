@@ -55,6 +55,17 @@ class IndexSpec:
                    ivf_nlist=arm.ivf_nlist, ivf_nprobe=arm.ivf_nprobe)
 
 
+@dataclass(frozen=True)
+class IndexMark:
+    """Where a search left an index: the index and the internal id its next add takes.
+    An ANN check runs after the answer has left, when later stores (typically the reply
+    to this very miss) and removals have changed the index; it compares the search with
+    the entries that were there at the mark and still are."""
+
+    index: "VectorIndex"
+    next_id: int
+
+
 def _as_matrix(vec: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(vec, dtype=np.float32).reshape(-1, vec.shape[-1]))
 
@@ -92,6 +103,14 @@ class VectorIndex:
 
     def __contains__(self, entry_id: str) -> bool:
         return entry_id in self._id_of
+
+    def mark(self) -> IndexMark:
+        """Internal ids only grow (a replaced vector gets a new one): every id below the
+        mark's was added before it."""
+        return IndexMark(self, self._next_id)
+
+    def internal_id(self, entry_id: str) -> int | None:
+        return self._id_of.get(entry_id)
 
     def add(self, entry_id: str, vec: np.ndarray) -> None:
         """Add (or replace) one vector."""
@@ -155,15 +174,17 @@ class VectorIndex:
         """Rows of the exact twin (the range ``exact_block_many`` scans)."""
         return self._exact.ntotal
 
-    def exact_block_many(self, mat: np.ndarray, start: int, stop: int,
-                         k: int) -> tuple[np.ndarray, np.ndarray]:
+    def exact_block_many(self, mat: np.ndarray, start: int, stop: int, k: int,
+                         before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k of a batch of queries over rows [start, stop) of the exact twin, in
         one matrix product and without copying it, so a caller can split a long brute-force
         search into short steps and release its lock in between (rows shift on removal: the
         caller must restart if the index changed between steps). Per query (row of
         ``mat``) the scores and internal ids of its top-k among rows [start, stop), in no
         particular order, shape (queries, min(k, rows)). Internal ids stay internal so
-        the caller can merge blocks cheaply; ``labels`` names them at the end."""
+        the caller can merge blocks cheaply; ``labels`` names them at the end. With
+        ``before`` (one internal id per query), rows added at or after it score -inf for
+        that query."""
         flat = faiss.downcast_index(self._exact.index)
         total = flat.ntotal
         start, stop = max(0, start), min(stop, total)
@@ -176,6 +197,8 @@ class VectorIndex:
         # then streams the block once (measured, 10^5 x 384 in 2048-row blocks, 1 thread:
         # 8 queries 31 ms against 49 ms, 64 queries 67 against 75).
         scores = rows[start:stop] @ mat.T  # (rows, queries)
+        if before is not None:
+            scores[ids[start:stop][:, None] >= before[None, :]] = -np.inf
         if scores.shape[0] > k:
             top = np.argpartition(scores, -k, axis=0)[-k:]  # (k, queries)
             scores = scores[top, np.arange(queries)]

@@ -122,11 +122,11 @@ def test_batched_scan_restarts_when_the_partition_changes_mid_scan():
     index = partition.indexes[""]
     real_block, starts = index.exact_block_many, []
 
-    def block_then_mutate(mat, start, stop, k):
+    def block_then_mutate(mat, start, stop, k, **kwargs):
         starts.append(start)
         if len(starts) == 2:
             partition.mutations += 1  # as if a store landed between two blocks
-        return real_block(mat, start, stop, k)
+        return real_block(mat, start, stop, k, **kwargs)
 
     index.exact_block_many = block_then_mutate
     qs = queries(4)
@@ -160,7 +160,25 @@ def test_events_carry_the_batched_results_in_decision_order():
     for batched, single in zip(sink.events, twin_sink.events):
         assert batched.ann_checked and single.ann_checked and batched.similarity == single.similarity
         assert (batched.ann_agree, batched.ann_recall_at_k) == (single.ann_agree, single.ann_recall_at_k)
-    assert any(e.ann_recall_at_k < 1.0 for e in sink.events)  # an expired entry left the index
+    # Lookups met expired entries and removed them: not counted against the index.
+    assert cache.partitions()[0].expirations > 0 and twin.partitions()[0].expirations > 0
+
+
+def test_batched_checks_judge_only_what_each_lookup_could_see():
+    """Misses whose replies are stored before their batch runs (as /v1/chat/completions
+    does): on a flat index every check must still agree with exact search."""
+    checker = AnnChecker(batch_size=1000, max_wait_ms=60_000)
+    executor = ManualExecutor()
+    cache, _, sink, _ = filled_cache("flat", event_executor=executor, ann_checker=checker)
+    removed = [f"t{i}" for i in range(5, 200, 10)]  # not in the cache: misses
+    results = [cache.lookup(text, unit_id="u") for text in removed]
+    assert not any(r.hit for r in results)
+    for text in removed:
+        cache.store(text, "the model's reply", unit_id="u")
+    checker.close()  # runs the pending batch now, after the stores
+    executor.run_all()
+    assert len(sink.events) == len(removed) and checker.stats()["batches"] == 1
+    assert all(e.ann_checked and e.ann_agree and e.ann_recall_at_k == 1.0 for e in sink.events)
 
 
 def test_a_full_queue_drops_checks_without_blocking_counts_and_logs(caplog):

@@ -7,6 +7,7 @@ import pytest
 
 from cache_core.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
+from cache_core.index import IndexSpec
 from tests.unit.cache_helpers import at_cosine, unit_vec
 from tests.unit.test_cache_logic import E0, make_cache
 
@@ -93,11 +94,11 @@ def test_stepped_scan_restarts_when_the_partition_changes_mid_scan():
     index = partition.indexes[""]
     real_block, calls = index.exact_block_many, []
 
-    def block_then_mutate(*args):
+    def block_then_mutate(*args, **kwargs):
         calls.append(args[1])
         if len(calls) == 1:
             partition.mutations += 1  # as if a store landed between two blocks
-        return real_block(*args)
+        return real_block(*args, **kwargs)
 
     index.exact_block_many = block_then_mutate
     outcome = partition.ann_check(E0, None, raw=index.search(E0, 5))
@@ -114,3 +115,46 @@ def test_event_worker_runs_jobs_in_order_and_flushes():
     worker.close()
     worker.submit(lambda: seen.append("after close"))  # runs in the caller, never lost
     assert seen[-1] == "after close"
+
+
+@pytest.mark.parametrize("index_kind", ["flat", "hnsw"])
+def test_a_store_after_the_lookup_does_not_count_against_the_index(index_kind):
+    """The check runs after the answer left; by then the caller has usually stored the
+    model's reply to the miss (the chat endpoint does): the exact search must compare
+    with the entries the lookup could see, not with that newer, identical entry."""
+    executor = ManualExecutor()
+    cache, _, sink, _ = checked_cache(executor, index_kind)
+    cache.store("q", "ans", unit_id="u")
+    miss = cache.lookup("far", unit_id="u")
+    cache.store("far", "upstream reply", unit_id="u")  # cosine 1.0 to the lookup
+    executor.run_all()
+    event = sink.events[0]
+    assert event.request_id == miss.request_id and event.decision == "miss"
+    assert event.ann_checked and event.ann_agree and event.ann_recall_at_k == 1.0
+
+
+def test_an_entry_removed_after_the_lookup_does_not_count_against_the_index():
+    executor = ManualExecutor()
+    cache, _, sink, _ = checked_cache(executor)
+    for text in ("q", "r"):
+        cache.store(text, text, unit_id="u")
+    hit = cache.lookup("p", unit_id="u")
+    partition = cache.partitions()[0]
+    with partition.lock:  # a "wrong" verdict, an eviction or a purge, before the check ran
+        partition.remove(hit.entry_id)
+    executor.run_all()
+    event = sink.events[0]
+    assert event.ann_checked and event.ann_agree and event.ann_recall_at_k == 1.0
+
+
+def test_an_index_rebuilt_since_the_lookup_leaves_the_event_unchecked():
+    executor = ManualExecutor()
+    cache, _, sink, exp = checked_cache(executor)
+    cache.store("q", "ans", unit_id="u")
+    cache.lookup("p", unit_id="u")
+    partition = cache.partitions()[0]
+    with partition.lock:  # the arm moved to another index kind: a new structure
+        partition.reconfigure(IndexSpec(kind="hnsw"), partition.capacity_entries, partition.capacity_bytes)
+    executor.run_all()
+    event = sink.events[0]
+    assert event.decision == "hit" and not event.ann_checked and event.ann_agree is None
