@@ -12,12 +12,34 @@ RATE_AXIS = alt.Axis(format="%")
 DAY = pd.Timedelta(days=1)
 
 
+# Tick steps in minutes, from a minute to a day: the first giving at most MAX_TIME_TICKS.
+TICK_STEPS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440)
+MAX_TIME_TICKS = 8
+
+
+def _utc_datetime(t: pd.Timestamp) -> alt.DateTime:
+    return alt.DateTime(year=t.year, month=t.month, date=t.day, hours=t.hour, minutes=t.minute, utc=True)
+
+
 def time_axis(times: pd.Series) -> alt.Axis:
-    """Minute labels at most once a minute (``%H:%M`` on 30 s ticks printed each minute twice),
-    with the date once the data spans more than a day."""
+    """Ticks on whole minutes (or hours, or days), each label once. Vega's own ticks fall
+    every 30 s on a short range, printing each ``%H:%M`` twice, and neither ``tickMinStep``
+    nor an interval ``tickCount`` binds them on Streamlit's Vega (the latter breaks the
+    chart), so the tick values are given (as Vega-Lite DateTimes: plain epoch numbers draw
+    no label on a UTC scale).
+    The date is shown once the data spans more than a day."""
     times = pd.to_datetime(times, utc=True, errors="coerce").dropna()
-    span = times.max() - times.min() if len(times) else pd.Timedelta(0)
-    return alt.Axis(format="%b %d %H:%M" if span > DAY else "%H:%M", tickMinStep=60_000)
+    if times.empty:
+        return alt.Axis(format="%H:%M")
+    first, last = times.min(), times.max()
+    minutes = (last - first).total_seconds() / 60
+    step_min = next((s for s in TICK_STEPS_MIN if s * MAX_TIME_TICKS >= minutes),
+                    1440 * -(-int(minutes // 1440 + 1) // MAX_TIME_TICKS))
+    step = pd.Timedelta(minutes=step_min)
+    ticks = pd.date_range(first.ceil(step), last, freq=step) if step_min <= 1440 else \
+        pd.date_range(first.ceil("D"), last, freq=step)
+    values = [_utc_datetime(t) for t in (ticks if len(ticks) else [first])]
+    return alt.Axis(format="%b %d %H:%M" if last - first > DAY else "%H:%M", values=values)
 
 
 def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,

@@ -29,12 +29,39 @@ def test_hit_rate_over_time_lines_per_arm():
     assert spec["encoding"]["x"]["type"] == "temporal"
 
 
+def _tick_times(axis: dict) -> list[pd.Timestamp]:
+    assert all(v["utc"] for v in axis["values"])
+    return [pd.Timestamp(year=v["year"], month=v["month"], day=v["date"], hour=v["hours"],
+                         minute=v["minutes"], tz="UTC") for v in axis["values"]]
+
+
 def test_time_axis_labels_each_minute_once_and_dates_beyond_a_day():
     axis = charts.hit_rate_over_time(SERIES).to_dict()["encoding"]["x"]["axis"]
-    assert axis == {"format": "%H:%M", "tickMinStep": 60_000}
+    assert axis["format"] == "%H:%M" and "tickCount" not in axis
+    assert _tick_times(axis) == list(pd.to_datetime(["2026-12-01T10:00Z", "2026-12-01T10:01Z"], utc=True))
     week = SERIES.assign(bucket=SERIES["bucket"] + pd.to_timedelta([0, 0, 3, 3], unit="D"))
     spec = charts.metric_over_time(week.assign(p95_ms=[40.0, 41.0, 39.0, 42.0]), "p95_ms").to_dict()
     assert spec["encoding"]["x"]["axis"]["format"] == "%b %d %H:%M"
+
+
+@pytest.mark.parametrize("span,step", [
+    ("7min", "1min"), ("9min", "2min"), ("1h", "10min"), ("3h", "30min"), ("20h", "3h"),
+    ("3D", "12h"), ("20D", "3D"),
+])
+def test_time_axis_ticks_are_whole_distinct_steps_at_most_nine(span, step):
+    start = pd.Timestamp("2026-12-01T10:00:20Z")  # off the minute: ticks round up to it
+    times = pd.Series(pd.date_range(start, start + pd.Timedelta(span), periods=50))
+    ticks = _tick_times(charts.time_axis(times).to_dict())
+    assert 2 <= len(ticks) <= charts.MAX_TIME_TICKS + 1
+    assert ticks[0] >= start and ticks[-1] <= times.iloc[-1]
+    assert all(b - a == pd.Timedelta(step) for a, b in zip(ticks, ticks[1:]))
+    assert len({t.strftime("%b %d %H:%M") for t in ticks}) == len(ticks)
+
+
+def test_time_axis_of_one_bucket_or_none():
+    one = charts.time_axis(pd.Series(pd.to_datetime(["2026-12-01T10:00Z"], utc=True))).to_dict()
+    assert _tick_times(one) == [pd.Timestamp("2026-12-01T10:00Z")]
+    assert charts.time_axis(pd.Series([], dtype="datetime64[ns, UTC]")).to_dict() == {"format": "%H:%M"}
 
 
 def test_hit_rate_over_time_marks_threshold_changes():
