@@ -97,6 +97,9 @@ SET_INPUT = ("(() => { const el = document.querySelector(`input[aria-label=\"%s\
              " const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;"
              " el.focus(); set.call(el, '%s'); el.dispatchEvent(new Event('input', {bubbles: true}));"
              " el.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true})); el.blur(); return true; })()")
+TIME_AXIS_LABELS = ("Array.from(document.querySelectorAll('.vega-embed g.role-axis'))"
+                    ".filter(a => (a.getAttribute('aria-label') || '').startsWith('X-axis'))"
+                    ".flatMap(a => Array.from(a.querySelectorAll('g.role-axis-label text')).map(t => t.textContent))")
 CLICK_BUTTON = ("(() => { const b = Array.from(document.querySelectorAll('button'))"
                 ".find(b => b.innerText.trim() === %r && b.offsetParent !== null); if (b) b.click(); return !!b; })()")
 
@@ -115,6 +118,9 @@ def test_tab_draws_its_charts(dashboard, tmp_path, tab, marker, shot):
         time.sleep(1.5)  # let vega finish its transition before the picture
         browser.screenshot(ARTIFACTS / shot)
         assert "Traceback" not in browser.dom(), service.log_path.read_text()[-2000:]
+        if tab == "Time series":  # every time label once (Vega's own ticks printed minutes twice)
+            labels = browser.evaluate(TIME_AXIS_LABELS)
+            assert labels and len(labels) == len(set(labels)), labels
 
 
 def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, control_kafka, tmp_path):
