@@ -85,7 +85,8 @@ class CacheSettings(_Documented):
     """TTL of a stored entry when neither the request nor its arm sets ttl_s."""
     emit_query_text: bool = False
     """Put the raw query text in events (off: events carry none; entries shared with other replicas
-    always carry query and answer, so with replicate on they reach the entries topic)."""
+    always carry query and answer, so with replicate on they reach the entries topic). On, the
+    dashboard shows each intent cluster's most frequent queries; the demo turns it on."""
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
     """Write-ahead log and snapshots, one directory per instance."""
     persist: bool = True

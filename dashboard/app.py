@@ -191,8 +191,12 @@ def attribution(view: View) -> None:
         return
     st.subheader("By intent cluster")
     limit = st.slider("Clusters shown (by volume)", 5, 50, 15, key="cluster_limit")
-    st.altair_chart(charts.breakdown_bars(processing.top_clusters(by_cluster, limit), "intent_cluster"),
-                    use_container_width=True)
+    examples = optional(view, "cluster_examples", view.filters)
+    shown = processing.top_clusters(by_cluster, limit)
+    if examples is not None and not examples.empty:
+        shown = processing.with_cluster_examples(shown, examples)
+    st.altair_chart(charts.breakdown_bars(shown, "intent_cluster"), use_container_width=True)
+    cluster_examples_table(shown, examples)
     left, right = st.columns(2)
     with left:
         st.subheader("By index precision")
@@ -208,10 +212,24 @@ def attribution(view: View) -> None:
         st.altair_chart(charts.breakdown_bars(shares, "lifetime_bucket", value_col="share",
                                               value_title="share of the arm's requests"), use_container_width=True)
         st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
-    decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life})
+    decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life},
+                          examples)
 
 
-def decomposition_section(view: View, frames: dict) -> None:
+def cluster_examples_table(shown: pd.DataFrame, examples: pd.DataFrame | None) -> None:
+    """What the charted clusters are about: their most frequent queries, busiest first."""
+    if examples is None or examples.empty:
+        st.caption("Example queries per cluster appear once the cache emits query texts "
+                   "(SCACHE_CACHE__EMIT_QUERY_TEXT=true).")
+        return
+    volume = shown.groupby("intent_cluster", as_index=False)["requests"].sum().sort_values(
+        "requests", ascending=False)
+    with st.expander("What these clusters are about", expanded=False):
+        st.dataframe(processing.with_cluster_examples(volume, examples), hide_index=True,
+                     column_config={"examples": st.column_config.TextColumn("example queries", width="large")})
+
+
+def decomposition_section(view: View, frames: dict, examples: pd.DataFrame | None = None) -> None:
     arms = sorted(set(frames["intent_cluster"]["arm"]) - {HOLDOUT_ARM})
     if len(arms) < 2:
         return
@@ -229,6 +247,8 @@ def decomposition_section(view: View, frames: dict) -> None:
     st.caption("Method: " + attribution_mod.METHOD)
     if dim == "intent_cluster":
         holm = processing.cluster_comparison(frames[dim], a, b)
+        if examples is not None and not examples.empty:
+            holm = processing.with_cluster_examples(holm, examples)
         st.markdown("Per-cluster differences (Holm-adjusted over all clusters compared)")
         st.dataframe(holm, hide_index=True, column_config={
             "diff": st.column_config.NumberColumn("Δ hit rate", format="percent")})
@@ -309,7 +329,9 @@ def cluster_input(view: View, config, arm: str, col) -> int:
     """The intent cluster to override: one of the arm's busiest in the window (or already
     overridden), or a typed id."""
     by_cluster = data.run(view.settings, "breakdown", view.filters, "intent_cluster")
-    choices = processing.cluster_choices(by_cluster, arm, config.arm(arm).cluster_thresholds)
+    examples = optional(view, "cluster_examples", view.filters)
+    choices = processing.cluster_choices(by_cluster, arm, config.arm(arm).cluster_thresholds,
+                                         labels=processing.cluster_labels(examples))
     picked = col.selectbox("Intent cluster", [*choices, OTHER_CLUSTER], key="ctl_cluster_pick",
                            format_func=lambda c: choices.get(c, c))
     if picked != OTHER_CLUSTER:

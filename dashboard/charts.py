@@ -69,18 +69,21 @@ def hit_rate_over_time(df: pd.DataFrame, changes: pd.DataFrame | None = None, *,
 def breakdown_bars(df: pd.DataFrame, category_col: str, *, value_col: str = "hit_rate",
                    arm_col: str = "arm", value_title: str = "hit rate",
                    percent: bool = True) -> alt.Chart:
-    """Grouped bars: one group per category, one bar per arm."""
+    """Grouped bars: one group per category, one bar per arm (an ``examples`` column, as
+    ``processing.with_cluster_examples`` adds, goes into the tooltip)."""
     axis = RATE_AXIS if percent else alt.Axis()
     tooltip_format = ".1%" if percent else ",.2f"
+    tooltip = [alt.Tooltip(f"{category_col}:N"), alt.Tooltip(f"{arm_col}:N"),
+               alt.Tooltip(f"{value_col}:Q", format=tooltip_format), alt.Tooltip("requests:Q")]
+    if "examples" in df.columns:
+        tooltip.append(alt.Tooltip("examples:N", title="example queries"))
     return alt.Chart(df).mark_bar().encode(
         x=alt.X(f"{category_col}:N", title=category_col.replace("_", " "), sort=None,
                 axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset(f"{arm_col}:N"),
         y=alt.Y(f"{value_col}:Q", title=value_title, axis=axis),
         color=alt.Color(f"{arm_col}:N", title="arm"),
-        tooltip=[alt.Tooltip(f"{category_col}:N"), alt.Tooltip(f"{arm_col}:N"),
-                 alt.Tooltip(f"{value_col}:Q", format=tooltip_format),
-                 alt.Tooltip("requests:Q")],
+        tooltip=tooltip,
     ).properties(height=280)
 
 

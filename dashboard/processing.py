@@ -204,15 +204,55 @@ def top_clusters(by_cluster: pd.DataFrame, limit: int) -> pd.DataFrame:
     return by_cluster[by_cluster["intent_cluster"].isin(volume.index)]
 
 
-def cluster_choices(by_cluster: pd.DataFrame, arm: str, overridden=(), limit: int = 50) -> dict[int, str]:
+def shorten(text: str, width: int = 60) -> str:
+    """One line of at most ``width`` characters, an ellipsis where it was cut (at a word
+    boundary when one is in the second half)."""
+    text = " ".join(str(text).split())
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    if " " in cut[width // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip() + "…"
+
+
+def cluster_labels(examples: pd.DataFrame, width: int = 60) -> dict[int, str]:
+    """Cluster id -> its most frequent query in the range, quoted and shortened (clusters
+    without an emitted query text have none)."""
+    if examples is None or examples.empty:
+        return {}
+    return {int(r.intent_cluster): f"“{shorten(r.examples[0], width)}”"
+            for r in examples.itertuples(index=False) if len(r.examples)}
+
+
+def with_cluster_examples(frame: pd.DataFrame, examples: pd.DataFrame | None,
+                          column: str = "examples") -> pd.DataFrame:
+    """``frame`` (with an intent_cluster column) plus its clusters' example queries joined
+    into one string ("" where there are none)."""
+    joined = {} if examples is None or examples.empty else {
+        int(r.intent_cluster): " · ".join(shorten(t, 80) for t in r.examples)
+        for r in examples.itertuples(index=False)}
+    if frame.empty:
+        return frame.assign(**{column: pd.Series(dtype="object")})
+    return frame.assign(**{column: [joined.get(int(c), "") for c in frame["intent_cluster"]]})
+
+
+def cluster_choices(by_cluster: pd.DataFrame, arm: str, overridden=(), limit: int = 50,
+                    labels: dict[int, str] | None = None) -> dict[int, str]:
     """The intent clusters an operator may override on ``arm``, labelled: its busiest in the
-    window first (with their request count), then those already overridden. Cluster ids drawn
-    across replicas are long numbers, so the panel offers these rather than a blank input."""
+    window first (with their request count), then those already overridden; with ``labels``
+    (``cluster_labels``) each also shows what it is about. Cluster ids drawn across replicas
+    are long numbers, so the panel offers these rather than a blank input."""
+    labels = labels or {}
     rows = by_cluster[by_cluster["arm"] == arm] if not by_cluster.empty else by_cluster
     volume = rows.groupby("intent_cluster")["requests"].sum().nlargest(limit) if not rows.empty else {}
-    choices = {int(c): f"{int(c)} ({int(n):,} requests)" for c, n in dict(volume).items()}
+
+    def named(cluster: int) -> str:
+        return f"{cluster} {labels[cluster]}" if cluster in labels else str(cluster)
+
+    choices = {int(c): f"{named(int(c))} ({int(n):,} requests)" for c, n in dict(volume).items()}
     for cluster in overridden:
-        choices.setdefault(int(cluster), f"{int(cluster)} (overridden, no requests in the window)")
+        choices.setdefault(int(cluster), f"{named(int(cluster))} (overridden, no requests in the window)")
     return choices
 
 

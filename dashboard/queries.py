@@ -382,6 +382,23 @@ GROUP BY experiment_id
 ORDER BY experiment_id
 """
 
+# What an intent cluster is about, in words: its most frequent query texts in the range
+# (topK counts approximately; good enough for examples), shortened. Only decisions whose
+# text the cache emitted (SCACHE_CACHE__EMIT_QUERY_TEXT, off by default) have one; without
+# them the result is empty and the dashboard shows bare cluster ids.
+EXAMPLES_PER_CLUSTER = 3
+EXAMPLE_CHARS = 160
+CLUSTER_EXAMPLES_SQL = f"""
+SELECT intent_cluster,
+       topK({EXAMPLES_PER_CLUSTER})(substringUTF8(assumeNotNull(query_text), 1, {EXAMPLE_CHARS})) AS examples,
+       count() AS texts
+FROM events_raw FINAL
+{_DECISIONS_FILTER}
+  AND query_text IS NOT NULL AND query_text != ''
+GROUP BY intent_cluster
+ORDER BY intent_cluster
+"""
+
 
 COLUMNS: dict[str, list[str]] = {
     ARM_SUMMARY_SQL: ["arm", *_SUMS, "guard_blocks", "latency_sum_ms"],
@@ -391,6 +408,7 @@ COLUMNS: dict[str, list[str]] = {
     SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks",
                           "multi_blocks", "multi_min_threshold"],
     LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "correct", "wrong"],
+    CLUSTER_EXAMPLES_SQL: ["intent_cluster", "examples", "texts"],
     MULTI_MARGIN_SQL: ["arm", "margin_milli", "decisions", "correct", "wrong"],
     MULTI_SCORE_SQL: ["arm", "config_version", "score_milli", "margin_milli", "decisions", "servable", "correct",
                       "wrong"],
@@ -544,6 +562,12 @@ def breakdown(client, filters: Filters, dimension: Breakdown) -> pd.DataFrame:
     checks = df["ann_checks"].astype("float64")
     df["ann_precision"] = (df["ann_agreements"] / checks).where(checks > 0)
     return df
+
+
+def cluster_examples(client, filters: Filters) -> pd.DataFrame:
+    """Per intent cluster: up to EXAMPLES_PER_CLUSTER of its most frequent query texts in
+    the range (``examples``, most frequent first) and how many decisions had a text."""
+    return _frame(client, CLUSTER_EXAMPLES_SQL, filters.parameters())
 
 
 def namespaces(client, experiment_id: str) -> list[str]:

@@ -155,6 +155,9 @@ def _demo(args: argparse.Namespace) -> int:
     # Each demo starts from empty services, so its dashboard shows this run only.
     shutil.rmtree(state_dir, ignore_errors=True)
     stack = Stack(state_dir=state_dir, window_s=args.window_s)
+    # The demo replays public banking77 questions: with their text in the events the
+    # dashboard can say what each intent cluster is about. Off by default elsewhere.
+    stack.env["SCACHE_CACHE__EMIT_QUERY_TEXT"] = os.environ.get("SCACHE_CACHE__EMIT_QUERY_TEXT", "true")
     stopping = {"flag": False}
 
     def _stop(signum, _frame):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from cache_core.chclient import connect
 from cache_core.control import publish_control
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
+from dashboard import queries as dashboard_queries
 from infra.stack import Stack
 from infra.traffic import answer_for, load_queries, units_per_arm
 
@@ -27,6 +29,7 @@ EXPERIMENT = "threshold-ab"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     stack = Stack(state_dir=tmp_path_factory.mktemp("stack"), window_s=2)
+    stack.env["SCACHE_CACHE__EMIT_QUERY_TEXT"] = "true"  # the cluster-examples test reads them back
     try:
         stack.start_kafka()
         stack.start_warehouse()
@@ -124,3 +127,26 @@ def test_threshold_pushed_on_control_topic_changes_decisions(stack, api):
 
     after = _wait_for(changed, timeout_s=30, what="decision after the threshold push")
     assert after["threshold"] == pytest.approx(similarity - 0.05, abs=1e-3)
+
+
+def test_emitted_query_texts_name_their_intent_cluster_on_the_dashboard(stack, api):
+    """Query text on (as the demo runs): the dashboard's cluster examples come back from
+    ClickHouse through Kafka and Flink, each under the cluster the cache assigned."""
+    unit = units_per_arm(stack.settings().experiments_file, EXPERIMENT)["control"][0]
+    asked = ["Is there a fee for topping up by card?", "Which currencies can I hold?"]
+    clusters = {}
+    for text in asked:  # asked more often than any earlier query, so among the top examples
+        for _ in range(8):
+            body = api.post("/v1/lookup", json={"query": text, "unit_id": unit, "experiment_id": EXPERIMENT}).json()
+        clusters[text] = body["intent_cluster"]
+    client = connect(stack.settings().clickhouse)
+    now = datetime.now(timezone.utc)
+    filters = dashboard_queries.Filters(EXPERIMENT, now - timedelta(hours=1), now + timedelta(minutes=5))
+
+    def named():
+        examples = dashboard_queries.cluster_examples(client, filters).set_index("intent_cluster")
+        found = {t: t in list(examples.at[c, "examples"]) if c in examples.index else False
+                 for t, c in clusters.items()}
+        return all(found.values()), found
+
+    _wait_for(named, timeout_s=120, what="each asked query among its cluster's examples")

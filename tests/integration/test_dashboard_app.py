@@ -145,12 +145,19 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     texts = _texts(at)
     assert "Kitagawa" in texts and "traffic mix" in texts
     assert at.selectbox(key="dec_dim").options == ["intent_cluster", "index_kind", "lifetime_bucket"]
+    tables = [d.value for d in at.dataframe]
+    holm = next(t for t in tables if "p_holm" in t.columns).set_index("intent_cluster")
+    assert holm.at[1, "examples"] == "How do I reset my card PIN? · I forgot my PIN"
+    about = next(t for t in tables if list(t.columns) == ["intent_cluster", "requests", "examples"])
+    assert about["intent_cluster"].tolist() == [1, 2, 3]  # busiest first
     at.selectbox(key="ts_metric").set_value("p95_ms").run()
     assert not at.exception
     # the control panel offers the arm's busiest clusters to override, not a blank id
     at.radio(key="ctl_scope").set_value("one intent cluster").run()
     picker = at.selectbox(key="ctl_cluster_pick")
     assert "requests)" in picker.options[0] and picker.options[-1] == "another id"
+    # ... each with what it is about: the cluster's most frequent query
+    assert any(o.startswith("1 “How do I reset my card PIN?”") for o in picker.options), picker.options
     assert not at.exception
 
 

@@ -94,6 +94,19 @@ def test_similarity_histogram_feeds_whatif(seeded):
     assert control.whatif_hit_rate(hist, 0.85).set_index("arm").at["control", "est_hit_rate"] == 0.5
 
 
+def test_cluster_examples_most_frequent_first(seeded):
+    client, filters, experiment_id, _ = seeded
+    examples = queries.cluster_examples(client, filters).set_index("intent_cluster")
+    assert sorted(examples.index) == [1, 2, 3]
+    for cluster, texts in seed.CLUSTER_TEXTS.items():
+        assert list(examples.at[cluster, "examples"]) == texts  # 3-4 of the first, 1 of the second
+    assert examples["texts"].tolist() == [32, 24, 24]
+    other_namespace = queries.Filters(experiment_id, filters.start, filters.end, namespace="elsewhere")
+    assert queries.cluster_examples(client, other_namespace).empty
+    before = queries.Filters(experiment_id, filters.start - timedelta(hours=2), filters.start)
+    assert queries.cluster_examples(client, before).empty
+
+
 def test_parameters_are_not_sql(seeded):
     client, filters, *_ = seeded
     evil = queries.Filters("x' OR '1'='1", filters.start, filters.end)

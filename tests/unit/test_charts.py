@@ -81,6 +81,9 @@ def test_breakdown_bars_group_by_arm():
     assert spec["encoding"]["x"]["field"] == "intent_cluster"
     assert spec["encoding"]["xOffset"]["field"] == "arm"
     assert spec["encoding"]["y"]["axis"]["format"] == "%"
+    assert [t["field"] for t in spec["encoding"]["tooltip"]] == ["intent_cluster", "arm", "hit_rate", "requests"]
+    labelled = charts.breakdown_bars(df.assign(examples="How do I reset my PIN?"), "intent_cluster").to_dict()
+    assert labelled["encoding"]["tooltip"][-1] == {"field": "examples", "title": "example queries", "type": "nominal"}
 
 
 def test_breakdown_bars_absolute_values():

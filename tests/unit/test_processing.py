@@ -107,3 +107,36 @@ def test_cluster_choices_offer_the_arms_busiest_then_the_overridden():
     assert list(choices) == [7, 1_800_000_123, 42]  # by volume on arm a; arm b's cluster 9 not offered
     assert choices[7] == "7 (7 requests)" and "overridden" in choices[42]
     assert processing.cluster_choices(df.iloc[0:0], "a") == {}
+
+
+EXAMPLES = pd.DataFrame({"intent_cluster": [7, 42, 5],
+                         "examples": [["How do I reset my PIN?", "forgot PIN"], ["x " * 80], []],
+                         "texts": [9, 1, 0]})
+
+
+def test_cluster_choices_say_what_each_cluster_is_about():
+    df = pd.DataFrame({"arm": ["a", "a"], "intent_cluster": [7, 1_800_000_123], "requests": [5, 3]})
+    labels = processing.cluster_labels(EXAMPLES, width=20)
+    assert labels[7] == "“How do I reset my…”"
+    assert labels[42].endswith("x…”") and len(labels[42]) <= 22 and 5 not in labels
+    choices = processing.cluster_choices(df, "a", overridden={42: 0.9}, labels=labels)
+    assert choices[7] == "7 “How do I reset my…” (5 requests)"
+    assert choices[1_800_000_123] == "1800000123 (3 requests)"  # no text emitted for it
+    assert choices[42].startswith("42 “x x") and "overridden" in choices[42]
+    assert processing.cluster_labels(EXAMPLES.iloc[0:0]) == {} == processing.cluster_labels(None)
+
+
+def test_with_cluster_examples_joins_each_clusters_texts():
+    frame = pd.DataFrame({"intent_cluster": [7, 8, 7], "requests": [1, 2, 3]})
+    out = processing.with_cluster_examples(frame, EXAMPLES)
+    assert out["examples"].tolist() == ["How do I reset my PIN? · forgot PIN", "", "How do I reset my PIN? · forgot PIN"]
+    assert out["requests"].tolist() == [1, 2, 3]
+    assert processing.with_cluster_examples(frame, None)["examples"].tolist() == ["", "", ""]
+    assert list(processing.with_cluster_examples(frame.iloc[0:0], EXAMPLES).columns) == [
+        "intent_cluster", "requests", "examples"]
+
+
+def test_shorten_keeps_one_line_within_width():
+    assert processing.shorten("  a\n b  ", 10) == "a b"
+    assert processing.shorten("abcdefghijk", 5) == "abcd…"
+    assert processing.shorten("reset my card PIN", 12) == "reset my…"
