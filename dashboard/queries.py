@@ -385,14 +385,15 @@ ORDER BY experiment_id
 # What an intent cluster is about, in words: its most frequent query texts in the range
 # (topK counts approximately; good enough for examples), shortened. Only decisions whose
 # text the cache emitted (SCACHE_CACHE__EMIT_QUERY_TEXT, off by default) have one; without
-# them the result is empty and the dashboard shows bare cluster ids.
+# them the result is empty and the dashboard shows bare cluster ids. No FINAL: a decision
+# sent twice only weighs twice among examples, and this scan reads every text in the range.
 EXAMPLES_PER_CLUSTER = 3
 EXAMPLE_CHARS = 160
 CLUSTER_EXAMPLES_SQL = f"""
 SELECT intent_cluster,
        topK({EXAMPLES_PER_CLUSTER})(substringUTF8(assumeNotNull(query_text), 1, {EXAMPLE_CHARS})) AS examples,
        count() AS texts
-FROM events_raw FINAL
+FROM events_raw
 {_DECISIONS_FILTER}
   AND query_text IS NOT NULL AND query_text != ''
 GROUP BY intent_cluster
