@@ -97,6 +97,15 @@ class Stack:
                    timeout_s=240, what="flink job", proc=job.proc, log_path=log_path)
         return job
 
+    def start_demo_model(self) -> Service:
+        """The demo's stand-in for the model behind the cache (``infra.demo_model``): the
+        chat completions the cache misses are forwarded there."""
+        port = free_port()
+        service = self._start_http("demo-model", [sys.executable, "-m", "infra.demo_model", "--port", str(port)],
+                                   port, health_path="/healthz", timeout_s=60)
+        self.env["SCACHE_SERVICE__UPSTREAM_URL"] = service.info["url"] + "/v1/chat/completions"
+        return service
+
     def start_cache(self) -> Service:
         port = free_port()
         self.env.update({
@@ -136,6 +145,8 @@ class Stack:
         self.start_kafka()
         self.start_warehouse()
         self.start_flink_job()
+        if not os.environ.get("SCACHE_SERVICE__UPSTREAM_URL"):  # a real model given: no stand-in
+            self.start_demo_model()
         self.start_cache()
         self.start_dashboard()
 
@@ -177,13 +188,22 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"\n  scache demo is running.\n  Dashboard:     {dash_url}\n"
               f"  Cache API:     {cache_url}/docs\n  ClickHouse:    {stack.env['SCACHE_CLICKHOUSE__URL']}\n"
               f"  Kafka:         {stack.env['SCACHE_KAFKA__BOOTSTRAP_SERVERS']}\n"
-              f"  Logs:          {state_dir / 'logs'}\n  Ctrl-C stops everything.\n", flush=True)
+              f"  Model:         {os.environ.get('SCACHE_SERVICE__UPSTREAM_URL') or _stand_in(stack)}\n"
+              f"  Logs:          {state_dir / 'logs'}\n  Ctrl-C stops everything.\n\n"
+              f"  Ask through the cache (OpenAI-compatible; ask twice, or a paraphrase, to see a hit):\n"
+              f"    curl -s {cache_url}/v1/chat/completions -H 'content-type: application/json' \\\n"
+              f"      -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"How do I reset my card PIN?\"}}],"
+              f"\"user\":\"me\"}}'\n", flush=True)
         replay_forever(cache_url, rate_per_s=args.rate, experiments_file=stack.settings().experiments_file)
     except KeyboardInterrupt:
         log.info("stopping")
     finally:
         stack.stop()
     return 0
+
+
+def _stand_in(stack: Stack) -> str:
+    return stack.service("demo-model").info["url"] + "/v1/chat/completions (a stand-in: infra/demo_model.py)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ def stack(tmp_path_factory):
         stack.start_kafka()
         stack.start_warehouse()
         stack.start_flink_job()
+        stack.start_demo_model()
         stack.start_cache()
         yield stack
     finally:
@@ -150,3 +151,14 @@ def test_emitted_query_texts_name_their_intent_cluster_on_the_dashboard(stack, a
         return all(found.values()), found
 
     _wait_for(named, timeout_s=120, what="each asked query among its cluster's examples")
+
+
+def test_chat_misses_reach_the_demo_model_and_repeats_are_served_from_the_cache(stack, api):
+    unit = units_per_arm(stack.settings().experiments_file, EXPERIMENT)["treatment"][0]
+    ask = {"messages": [{"role": "user", "content": "Can I freeze my card from the app?"}], "user": unit}
+    first = api.post("/v1/chat/completions", json=ask)
+    assert first.status_code == 200 and first.headers["x-scache-hit"] == "0", first.text
+    answer = first.json()["choices"][0]["message"]["content"]
+    assert answer.startswith("(demo model)") and "freeze my card" in answer
+    again = api.post("/v1/chat/completions", json=ask)
+    assert again.headers["x-scache-hit"] == "1" and again.json()["choices"][0]["message"]["content"] == answer
