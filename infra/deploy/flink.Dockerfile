@@ -10,6 +10,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3.11 pyth
 COPY requirements.lock /tmp/requirements.lock
 RUN python3 -m pip install --break-system-packages --no-deps -r /tmp/requirements.lock
 COPY --from=connector /build/jars/flink-sql-connector-kafka-*.jar /opt/flink/usrlib/
+# A cluster runs Python jobs only with flink-python on its classpath; the image keeps it in opt/
+# (a session cluster's JobManager otherwise rejects the job: ClassNotFoundException ...Python...).
+RUN ls /opt/flink/lib/flink-python-*.jar >/dev/null 2>&1 || cp /opt/flink/opt/flink-python-*.jar /opt/flink/lib/
 COPY cache_core /opt/scache/cache_core
 COPY udfs /opt/scache/udfs
 COPY jobs /opt/scache/jobs
