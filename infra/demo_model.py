@@ -3,7 +3,7 @@
 An OpenAI-compatible ``POST /v1/chat/completions`` that answers after a model-like delay
 with a text naming the question it was asked, so a paraphrase answered from the cache
 shows whose answer it got (and what the hit saved: the delay). ``stream: true`` is
-answered with Server-Sent Events, a word per chunk, as a real model streams. Demo only:
+answered with Server-Sent Events in pieces, as a real model streams. Demo only:
 production sets ``SCACHE_SERVICE__UPSTREAM_URL`` to the real model.
 
     python -m infra.demo_model --port 8100 --delay-ms 400
@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import sys
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from cache_core.service.chat import completion_chunks
 
 MODEL = "scache-demo-model"
 
@@ -60,17 +61,10 @@ def create_app(delay_s: float = 0.4) -> FastAPI:
 
 
 async def _chunks(answer: str, model: str, call: str):
-    def event(delta: dict, finish_reason: str | None = None) -> bytes:
-        chunk = {"id": call, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
-        return f"data: {json.dumps(chunk)}\n\n".encode()
-
-    yield event({"role": "assistant", "content": ""})
-    for i, word in enumerate(answer.split(" ")):
-        yield event({"content": word if i == 0 else f" {word}"})
+    """The chat endpoint's own chunking (role, pieces, finish_reason, [DONE]), paced like a model."""
+    for event in completion_chunks(call, model, answer):
+        yield event
         await asyncio.sleep(0.01)
-    yield event({}, "stop")
-    yield b"data: [DONE]\n\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -191,7 +191,7 @@ def _demo(args: argparse.Namespace) -> int:
               f"  Model:         {os.environ.get('SCACHE_SERVICE__UPSTREAM_URL') or _stand_in(stack)}\n"
               f"  Logs:          {state_dir / 'logs'}\n  Ctrl-C stops everything.\n\n"
               f"  Ask through the cache (OpenAI-compatible; ask twice, or a paraphrase, to see a hit):\n"
-              f"    curl -s {cache_url}/v1/chat/completions -H 'content-type: application/json' \\\n"
+              f"    curl -si {cache_url}/v1/chat/completions -H 'content-type: application/json' \\\n"
               f"      -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"How do I reset my card PIN?\"}}],"
               f"\"user\":\"me\"}}'\n", flush=True)
         replay_forever(cache_url, rate_per_s=args.rate, experiments_file=stack.settings().experiments_file)

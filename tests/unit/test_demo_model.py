@@ -43,7 +43,7 @@ def test_a_miss_goes_to_it_and_a_paraphrase_is_served_from_the_cache(minilm_embe
         assert again.json()["choices"][0]["message"]["content"] == demo_model.answer_to(QUESTION)
 
 
-def test_its_stream_is_relayed_word_by_word_and_cached(minilm_embedder, tmp_path, model):
+def test_its_stream_is_relayed_in_pieces_and_cached(minilm_embedder, tmp_path, model):
     with make_client(minilm_embedder, tmp_path, f"{model}/v1") as client:
         with client.stream("POST", "/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": QUESTION}], "stream": True, "user": "u2"}) as response:
