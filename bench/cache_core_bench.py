@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import uvicorn
 
-from cache_core.cache import CacheEntry, entry_bytes
+from cache_core.types import CacheEntry, entry_bytes
 from cache_core.embedder import load_embedder
 from cache_core.index import IndexSpec, VectorIndex, set_search_threads
 from cache_core.service import create_app

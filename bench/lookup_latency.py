@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import uvicorn
 
-from cache_core.cache import CacheEntry, entry_bytes
+from cache_core.types import CacheEntry, entry_bytes
 from cache_core.embedder import BatchingEncoder, load_embedder, normalise
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.index import IndexSpec, set_search_threads

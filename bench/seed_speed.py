@@ -21,7 +21,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.replication import DATA, RESULTS  # noqa: E402
-from cache_core.cache import SemanticCache, StoreItem  # noqa: E402
+from cache_core.cache import SemanticCache  # noqa: E402
+from cache_core.types import StoreItem  # noqa: E402
 from cache_core.embedder import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
 from cache_core.persistence import Persistence  # noqa: E402

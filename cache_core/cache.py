@@ -59,12 +59,14 @@ from cache_core.clusters import OnlineClusters
 from cache_core.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
-from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, TtlPolicy, Variant, assign
+from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, Variant, assign
 from cache_core.feedback import ServedHit, ServedHits, log_invalidation
 from cache_core.guards import first_conflict
 from cache_core.index import IndexMark, IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.similarity import Weights, rank
+from cache_core.types import (CacheEntry, Candidate, EntryMatch, InvalidRequest, LookupResult, SearchOutcome,
+                              StoreItem, StoreResult, entry_bytes, text_key)
 
 NEAR_DUPLICATE_SIM = 0.85
 NOVEL_SIM = 0.60
@@ -72,7 +74,6 @@ EVICTION_GRACE_S = 30.0
 SEARCH_K = 5
 # How far from the LRU end eviction looks for an unprotected / expired victim.
 EVICTION_SCAN = 64
-ENTRY_OVERHEAD_BYTES = 256
 SHARED_ARM = "*"
 DROPPED_IDS_REMEMBERED = 20_000  # entry ids feedback removed, refused if replayed (ids ~32 chars)
 # The background ANN check scans the exact twin in steps of EXACT_BLOCK_ROWS rows,
@@ -91,164 +92,6 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 EventSink = Callable[[CacheEvent], None]
-
-
-class InvalidRequest(ValueError):
-    """Input the cache refuses (the service answers 4xx with this message)."""
-
-
-@dataclass
-class CacheEntry:
-    """One cached question/answer pair and its lifetime bookkeeping."""
-
-    entry_id: str
-    query: str
-    embedding: np.ndarray
-    answer: str
-    created_at: float
-    ttl_s: float
-    ttl_policy: TtlPolicy
-    max_age_s: float
-    namespace: str
-    intent_cluster: int
-    scope: str | None = None
-    provenance_source: str = ""
-    provenance_version: str = ""
-    last_hit_at: float | None = None
-    hit_count: int = 0
-    grace_s: float = 0.0
-    """Extra lifetime for near-duplicate admissions (eviction delayed)."""
-    protected: bool = False
-    """LRU passes over it while alive (near-duplicate tier)."""
-    approx_bytes: int = 0
-    wrong_units: set[str] = field(default_factory=set)
-    """Units whose hits on it got a "wrong" verdict, on any replica (votes travel the entries topic);
-    persisted in the snapshot and the log (cache_core.feedback)."""
-
-    def expires_at(self) -> float:
-        lifetime = self.ttl_s + self.grace_s
-        if self.ttl_policy == "sliding":
-            renewed = (self.last_hit_at or self.created_at) + lifetime
-            return min(renewed, self.created_at + self.max_age_s)
-        return self.created_at + lifetime
-
-    def alive(self, now: float) -> bool:
-        return now < self.expires_at()
-
-
-@dataclass
-class LookupResult:
-    request_id: str
-    decision: str
-    hit: bool
-    answer: str | None
-    similarity: float | None
-    threshold: float | None
-    experiment_id: str
-    arm: str
-    config_version: int
-    intent_cluster: int
-    entry_id: str | None
-    pending: PendingEvent
-    """The request's event, finished by the cache's event executor (see ``event``)."""
-    provenance: dict[str, str] | None = None
-    variant: str = "base"
-    guard: str | None = None
-    """The lexical guard that turned a would-be hit into this miss."""
-    entry_age_s: float | None = None
-    latency_ms: float = 0.0
-    embed_ms: float = 0.0
-    search_ms: float = 0.0
-    score: float | None = None
-    """Multi arms: the best-ranked candidate's mixed score (CacheEvent.score)."""
-    score_margin: float | None = None
-    """Multi arms: its lead over the best candidate with another answer (CacheEvent.score_margin)."""
-
-    @property
-    def event(self) -> CacheEvent:
-        """The complete event (waits if a background executor has not finished it yet)."""
-        return self.pending.result()
-
-
-@dataclass(frozen=True)
-class EntryMatch:
-    """Which entries a purge removes: those of a provenance source (and, if given, version),
-    or those stored for one question (same text as stored), or both conditions at once."""
-
-    provenance_source: str | None = None
-    provenance_version: str | None = None
-    query: str | None = None
-
-    def __post_init__(self):
-        if self.provenance_version is not None and not self.provenance_source:
-            raise InvalidRequest("provenance_version needs provenance_source")
-        if not self.provenance_source and not self.query:
-            raise InvalidRequest("a purge needs provenance_source or query (DELETE the namespace to clear it all)")
-
-    def matches(self, entry: CacheEntry) -> bool:
-        if self.provenance_source and entry.provenance_source != self.provenance_source:
-            return False
-        if self.provenance_version is not None and entry.provenance_version != self.provenance_version:
-            return False
-        return not self.query or _text_key(entry.query) == _text_key(self.query)
-
-
-@dataclass(frozen=True)
-class StoreItem:
-    """One answer to store (``SemanticCache.store_many``)."""
-
-    query: str
-    answer: str
-    unit_id: str
-    experiment_id: str | None = None
-    namespace: str = "default"
-    scope: str | None = None
-    ttl_s: float | None = None
-    provenance_source: str = ""
-    provenance_version: str = ""
-
-
-@dataclass
-class StoreResult:
-    stored: bool
-    reason: str
-    """admitted | near_duplicate | updated | holdout | novel_under_pressure | too_large"""
-    experiment_id: str
-    arm: str
-    config_version: int
-    entry_id: str | None = None
-    similarity: float | None = None
-    """Similarity to the nearest live entry (the admission tier's input)."""
-    intent_cluster: int = -1
-
-
-def _text_key(query: str) -> str:
-    return " ".join(query.split()).casefold()
-
-
-def entry_bytes(query: str, answer: str, embedding: np.ndarray) -> int:
-    # Embedding counted twice: the entry keeps one, the index (and its exact twin) more.
-    return len(query.encode()) + len(answer.encode()) + 2 * embedding.nbytes + ENTRY_OVERHEAD_BYTES
-
-
-@dataclass
-class Candidate:
-    entry: CacheEntry
-    similarity: float
-
-
-@dataclass
-class SearchOutcome:
-    best: Candidate | None
-    candidates: list[Candidate] = field(default_factory=list)
-    """Every live candidate found, best first (``best`` is the first)."""
-    ann_checked: bool = False
-    ann_agree: bool | None = None
-    ann_recall_at_k: float | None = None
-    raw: list[tuple[str, float]] = field(default_factory=list)
-    """What the ANN structure returned (before dropping expired entries)."""
-    mark: IndexMark | None = None
-    """The index as the search left it: what a later ANN check compares with."""
 
 
 def _ranked(index: VectorIndex, scores: list[np.ndarray], ids: list[np.ndarray],
@@ -474,7 +317,7 @@ class Partition:
         self.entries.move_to_end(entry.entry_id)
 
     def existing_same_text(self, scope: str | None, query: str) -> CacheEntry | None:
-        entry_id = self.by_text.get((scope or "", _text_key(query)))
+        entry_id = self.by_text.get((scope or "", text_key(query)))
         return self.entries.get(entry_id) if entry_id else None
 
     def insert(self, entry: CacheEntry) -> None:
@@ -482,7 +325,7 @@ class Partition:
             self.remove(entry.entry_id)
         self.mutations += 1
         self.entries[entry.entry_id] = entry
-        self.by_text[(entry.scope or "", _text_key(entry.query))] = entry.entry_id
+        self.by_text[(entry.scope or "", text_key(entry.query))] = entry.entry_id
         self.bytes += entry.approx_bytes
         self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
         if self.journal is not None:
@@ -496,9 +339,9 @@ class Partition:
         if self.journal is not None:
             self.journal.record_remove(self.key, entry_id)
         self.bytes -= entry.approx_bytes
-        text_key = (entry.scope or "", _text_key(entry.query))
-        if self.by_text.get(text_key) == entry_id:
-            del self.by_text[text_key]
+        by_text = (entry.scope or "", text_key(entry.query))
+        if self.by_text.get(by_text) == entry_id:
+            del self.by_text[by_text]
         scope_key = entry.scope or ""
         index = self.indexes.get(scope_key)
         if index is not None:

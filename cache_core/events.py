@@ -123,7 +123,7 @@ class ControlMessage(BaseModel):
 
 
 class PurgeMatch(BaseModel):
-    """What a purge removes (``cache_core.cache.EntryMatch``), on the entries topic."""
+    """What a purge removes (``cache_core.types.EntryMatch``), on the entries topic."""
 
     provenance_source: str | None = None
     provenance_version: str | None = None

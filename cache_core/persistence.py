@@ -52,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cache_core.types import CacheEntry
+
 log = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
@@ -84,8 +86,6 @@ def persisted_meta(entry) -> dict:
 
 
 def entry_from_meta(meta: dict, embedding: np.ndarray):
-    from cache_core.cache import CacheEntry  # late: cache imports this module's users
-
     meta = dict(meta)
     wrong_units = set(meta.pop("wrong_units", None) or ())  # absent before votes were persisted
     if not all(isinstance(unit, str) for unit in wrong_units):

@@ -80,7 +80,7 @@ from kafka import TopicPartition
 from pydantic import ValidationError
 
 from cache_core.clusters import ClusterModel
-from cache_core.cache import EntryMatch, InvalidRequest
+from cache_core.types import EntryMatch, InvalidRequest
 from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
 from cache_core.follower import TopicFollower
 from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta

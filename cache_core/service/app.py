@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cache_core.ann_check import AnnChecker
-from cache_core.cache import EntryMatch, InvalidRequest, SemanticCache, StoreItem
+from cache_core.cache import SemanticCache
+from cache_core.types import EntryMatch, InvalidRequest, StoreItem
 from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
