@@ -5,7 +5,7 @@
 
 A probe, not a product feature. MiniLM (the cache's encoder) retrieves the top 5 stored
 questions, as a multi arm does. Each candidate's mixed score (the terms of
-cache_core.similarity.mixed_scores: char-trigram overlap, MiniLM cosine, answer consensus)
+cache_core.decision.rerank.mixed_scores: char-trigram overlap, MiniLM cosine, answer consensus)
 gains one more: ``verifier`` x the all-mpnet-base-v2 cosine of query and candidate. Then the
 multi rule: cosine gate 0.60 (GPTCache's default), score floor, answer margin. A grid of the
 four weights, floor and margin is searched.
@@ -38,7 +38,7 @@ import pandas as pd
 from cache_core.embedder import load_embedder
 from cache_core.experiments import MultiSimilarityConfig
 from cache_core.settings import CacheSettings
-from cache_core.similarity import Weights, answer_consensus, lexical_overlap, rank
+from cache_core.decision.rerank import Weights, answer_consensus, lexical_overlap, rank
 from infra.runtime import scache_home, shared_data_dir
 
 log = logging.getLogger("bench.verifier_probe")
@@ -135,7 +135,7 @@ def counts(c: dict[str, np.ndarray], served: np.ndarray) -> tuple[int, int]:
 
 
 def check_against_the_cache(c: dict[str, np.ndarray], rows: int = 200) -> None:
-    """The vectorised rule with no verifier must decide as cache_core.similarity.rank does."""
+    """The vectorised rule with no verifier must decide as cache_core.decision.rerank.rank does."""
     d = MultiSimilarityConfig()
     served = decide(c, d.token, d.phrase, 0.0, d.intent, d.threshold, d.answer_margin)
     for r in range(min(rows, len(served))):

@@ -9,18 +9,11 @@ a scoped lookup searches only its scope (a follow-up such as "what about it?"
 depends on its conversation, so neither another conversation's entries nor
 global ones may answer it); an unscoped lookup searches only unscoped entries.
 
-Decision. Hit iff a *live* candidate's cosine similarity is >= the arm's
-threshold for the query's intent cluster and variant (canary units of an arm
-use the canary's threshold, and on a multi arm its score floor / answer margin,
-but read the arm's partition: a canary tests a decision rule, not a cache). Holdout units bypass the cache. The arm's lexical
-guards (cache_core.guards) may veto the best candidate; the next candidate
-above the threshold is then tried, and if none passes the lookup is a miss
-with ``guard`` naming the guard that blocked the best one. Arms with
-``similarity="multi"`` re-rank the candidates above the threshold by a mixed
-token / phrase / intent score and serve only a clear winner (cache_core.similarity);
-the event's ``similarity`` stays the cosine of the entry served (or of the nearest),
-and its ``score`` / ``score_margin`` carry the best-ranked candidate's mixed score and
-its lead over the best candidate with another answer, so a multi arm's thresholds can
+Decision. ``cache_core.decision`` holds the whole hit rule (thresholds, re-ranking,
+guards, judge); the cache hands it a search's live candidates (``HitRule.decide``). The
+event's ``similarity`` stays the cosine of the entry served (or of the nearest), and on a
+multi arm its ``score`` / ``score_margin`` carry the best-ranked candidate's mixed score and
+its lead over the best candidate with another answer, so that a multi arm's thresholds can
 be re-evaluated offline.
 
 Lifetime. ``absolute``: alive until created_at + ttl. ``sliding``: every hit
@@ -56,15 +49,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cache_core.clusters import OnlineClusters
+from cache_core.decision.rule import HitRule
 from cache_core.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, Variant, assign
 from cache_core.feedback import ServedHit, ServedHits, log_invalidation
-from cache_core.guards import first_conflict
 from cache_core.index import IndexMark, IndexSpec, VectorIndex
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
-from cache_core.similarity import Weights, rank
 from cache_core.types import (CacheEntry, Candidate, EntryMatch, InvalidRequest, LookupResult, SearchOutcome,
                               StoreItem, StoreResult, entry_bytes, text_key)
 
@@ -432,17 +424,6 @@ class _EventRecord:
     score_margin: float | None = None
 
 
-@dataclass
-class _Ranking:
-    """The candidates a lookup may serve, best first, and (multi arms) the mixed score
-    of the best-ranked candidate past the cosine threshold and its lead over the best
-    one with another answer (None when there is none / no rival)."""
-
-    eligible: list[Candidate]
-    score: float | None = None
-    score_margin: float | None = None
-
-
 class SemanticCache:
     """The online cache: ``lookup`` decides and emits one event; ``store`` admits.
 
@@ -460,7 +441,8 @@ class SemanticCache:
                  default_ttl_s: float | None = None, max_query_chars: int = 4000,
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
-                 event_executor=None, ann_checker=None, feedback_memory: int = 100_000):
+                 event_executor=None, ann_checker=None, feedback_memory: int = 100_000,
+                 hit_rule: HitRule | None = None):
         self.embedder = embedder
         self.event_executor = event_executor or InlineExecutor()
         self.ann_checker = ann_checker
@@ -473,6 +455,8 @@ class SemanticCache:
         self.max_answer_chars = max_answer_chars
         self.emit_query_text = emit_query_text
         self.clusters = OnlineClusters(embedder.dim, radius=cluster_radius)
+        self.hit_rule = hit_rule or HitRule()
+        """Decides every lookup (cache_core.decision)."""
         self.served = ServedHits(feedback_memory)
         """Recent hits by request id, for feedback (``apply_feedback``)."""
         self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
@@ -539,7 +523,6 @@ class SemanticCache:
         if req.arm_name == "holdout":
             return self._finish_bypass(req, query, unit_id, namespace)
         arm = req.experiment.arm(req.arm_name)
-        threshold = arm.threshold_for(req.cluster, req.variant)
         partition = self._partition(namespace, req.experiment, arm)
         check_ann = self._sample(arm.ann_check_rate)
         if check_ann and self._backlog() >= MAX_CHECK_BACKLOG:
@@ -552,8 +535,8 @@ class SemanticCache:
             partition.lookup_waiting_since = 0.0
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
-            served, guard, ranking = self._decide(query, outcome, threshold, arm, req.variant)
-            hit = served is not None
+            decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+            served, hit = decision.served, decision.hit
             if hit:
                 partition.touch(served.entry, now)
             shown = served or outcome.best
@@ -561,11 +544,11 @@ class SemanticCache:
         search_ms = (time.perf_counter() - search_started) * 1000
         record = _EventRecord(
             req=req, query=query, unit_id=unit_id, namespace=namespace,
-            decision="hit" if hit else "miss", threshold=threshold,
+            decision="hit" if hit else "miss", threshold=decision.threshold,
             similarity=shown.similarity if shown else None, index_kind=partition.spec.kind,
-            search_ms=search_ms, guard=guard, entry=snapshot, ts_ms=int(now * 1000),
+            search_ms=search_ms, guard=decision.guard, entry=snapshot, ts_ms=int(now * 1000),
             latency_ms=(time.perf_counter() - req.started) * 1000,
-            similarity_mode=arm.similarity, score=ranking.score, score_margin=ranking.score_margin)
+            similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -580,51 +563,15 @@ class SemanticCache:
         return LookupResult(
             request_id=req.request_id, decision=record.decision, hit=hit,
             answer=entry.answer if entry else None, similarity=record.similarity,
-            threshold=threshold, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
+            threshold=decision.threshold, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             config_version=req.experiment.version, intent_cluster=req.cluster,
             entry_id=entry.entry_id if entry else None, pending=pending,
             provenance={"source": entry.provenance_source, "version": entry.provenance_version}
-            if entry else None, variant=req.variant, guard=guard,
+            if entry else None, variant=req.variant, guard=decision.guard,
             entry_age_s=snapshot["entry_age_s"], latency_ms=record.latency_ms,
-            embed_ms=req.embed_ms, search_ms=search_ms, score=ranking.score,
-            score_margin=ranking.score_margin,
+            embed_ms=req.embed_ms, search_ms=search_ms, score=decision.score,
+            score_margin=decision.score_margin,
         )
-
-    @staticmethod
-    def _decide(query: str, outcome: SearchOutcome, threshold: float, arm: ArmConfig,
-                variant: Variant = "base") -> tuple[Candidate | None, str | None, _Ranking]:
-        """(candidate served, guard that blocked the best one, the ranking). Candidates
-        come best first, so the first eligible one that every guard lets pass is served."""
-        blocked_by = None
-        ranking = SemanticCache._eligible(query, outcome.candidates, threshold, arm, variant)
-        for candidate in ranking.eligible:
-            guard = first_conflict(query, candidate.entry.query, arm.guards)
-            if guard is None:
-                return candidate, None, ranking
-            blocked_by = blocked_by or guard
-        return None, blocked_by, ranking
-
-    @staticmethod
-    def _eligible(query: str, candidates: list[Candidate], threshold: float, arm: ArmConfig,
-                  variant: Variant = "base") -> _Ranking:
-        """Candidates that may be served, best first: by cosine, or re-ranked (multi)."""
-        if arm.similarity == "cosine":
-            return _Ranking([c for c in candidates if c.similarity >= threshold])
-        multi = arm.multi_for(variant)
-        ranked = rank(query, [c.entry.query for c in candidates],
-                      [c.entry.answer for c in candidates], [c.similarity for c in candidates],
-                      cosine_threshold=threshold, score_threshold=multi.threshold,
-                      answer_margin=multi.answer_margin,
-                      weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent),
-                      lexical=multi.lexical)
-        eligible = [candidates[r.index] for r in ranked if r.eligible]
-        if not ranked:
-            return _Ranking(eligible)
-        # Whether the best-ranked candidate is eligible decides for the rest: so its score
-        # and margin tell offline what any other mixed-score threshold / margin would have done.
-        best = ranked[0]
-        return _Ranking(eligible, score=float(best.score),
-                        score_margin=None if best.margin is None else float(best.margin))
 
     def store(self, query: str, answer: str, unit_id: str, experiment_id: str | None = None,
               namespace: str = "default", scope: str | None = None, ttl_s: float | None = None,

@@ -60,7 +60,7 @@ class CacheEvent(BaseModel):
     similarity_mode: SimilarityKind = "cosine"
     """How the arm ranks candidates (ArmConfig.similarity); "cosine" for bypasses and heartbeats."""
     score: float | None = None
-    """"multi" arms: the mixed score (cache_core.similarity) of the best-ranked candidate at
+    """"multi" arms: the mixed score (cache_core.decision.rerank) of the best-ranked candidate at
     or above the cosine threshold, logged on hits and misses alike, so another mixed-score
     threshold can be evaluated offline. Null on cosine arms and when no candidate passed
     the cosine threshold. If a guard vetoes that candidate and a later one is served, this

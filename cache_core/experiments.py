@@ -58,7 +58,7 @@ class CanaryConfig(_Closed):
 
 
 class MultiSimilarityConfig(_Closed):
-    """Re-ranking of the top-k candidates by a mixed score (cache_core.similarity).
+    """Re-ranking of the top-k candidates by a mixed score (cache_core.decision.rerank).
 
     Defaults chosen on tuning data only (GPTCache mock pairs with even index, a
     banking77 train split held out from the rest of train): the most correct hits
@@ -106,7 +106,7 @@ class ArmConfig(_Closed):
     canary: CanaryConfig | None = None
     similarity: SimilarityKind = "cosine"
     """"cosine": serve the nearest candidate at or above the threshold. "multi": re-rank
-    the candidates at or above it by ``multi`` (cache_core.similarity)."""
+    the candidates at or above it by ``multi`` (cache_core.decision.rerank)."""
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
     invalidate_after_wrong: int = Field(1, ge=0)
     """Remove an entry once this many units (users) got a "wrong" verdict on a hit it served
@@ -124,19 +124,6 @@ class ArmConfig(_Closed):
         if self.canary is not None and self.canary.multi_override and self.similarity != "multi":
             raise ValueError(f"arm {self.name!r}: a canary score floor / answer margin needs similarity 'multi'")
         return self
-
-    def multi_for(self, variant: Variant = "base") -> MultiSimilarityConfig:
-        """The multi settings the variant's units use: a canary may try another floor / margin."""
-        if variant == "canary" and self.canary is not None and self.canary.multi_override:
-            return self.multi.model_copy(update=self.canary.multi_override)
-        return self.multi
-
-    def threshold_for(self, cluster: int | None, variant: Variant = "base") -> float:
-        if variant == "canary" and self.canary is not None:
-            return self.canary.threshold
-        if cluster is not None and cluster in self.cluster_thresholds:
-            return self.cluster_thresholds[cluster]
-        return self.threshold
 
 
 class ExperimentConfig(_Closed):

@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 import pandas as pd
 
-from cache_core.guards import GUARD_ORDER, first_conflict
+from cache_core.decision.guards import GUARD_ORDER, first_conflict
 from infra.runtime import BANKING77_DIR
 
 K = 5

@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` puts dashboard
 import pandas as pd
 import streamlit as st
 
+from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.events import now_ms
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
 from cache_core.settings import Settings, get_settings
@@ -347,7 +348,7 @@ def change_section(view: View, config) -> None:
     cluster = None
     if scope == "one intent cluster":
         cluster = cluster_input(view, config, arm, cols[2])
-    current = config.arm(arm).threshold_for(cluster)
+    current = threshold_for(config.arm(arm), cluster)
     threshold = threshold_input(config, arm, cluster, current)
     whatif_preview(view, arm, threshold, cluster)
     mode = st.radio("Push as", ["direct", "canary"], key="ctl_mode", horizontal=True,
@@ -558,7 +559,7 @@ def canary_summary(arm) -> str:
     """What the canary tries against what the arm runs."""
     tried = f"canary threshold {arm.canary.threshold:.3f} (arm {arm.threshold:.3f})"
     if arm.canary.multi_override:
-        trial, base = arm.multi_for("canary"), arm.multi
+        trial, base = multi_for(arm, "canary"), arm.multi
         tried += (f", score floor {trial.threshold:.3f} (arm {base.threshold:.3f}), answer margin "
                   f"{trial.answer_margin:.3f} (arm {base.answer_margin:.3f})")
     return tried

@@ -28,6 +28,7 @@ import pandas as pd
 
 from pydantic import ValidationError
 
+from cache_core.decision.thresholds import multi_for
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, MultiSimilarityConfig,
                                     load_experiments)
@@ -217,7 +218,7 @@ def promote_canary(arm: str) -> Change:
     """The canary's threshold (and score floor / answer margin) become the arm's; the canary ends."""
     def change(config: ExperimentConfig) -> ExperimentConfig:
         canary = _running_canary(config, arm)
-        multi = {"multi": config.arm(arm).multi_for("canary").model_dump()} if canary.multi_override else {}
+        multi = {"multi": multi_for(config.arm(arm), "canary").model_dump()} if canary.multi_override else {}
         return _replace_arm(config, arm, threshold=canary.threshold, canary=None, **multi)
     return change
 

@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.experiments import CanaryConfig, ExperimentConfig
 from dashboard.stats import DEFAULT_ALPHA, ProportionStat, lower_bound, rate_vs_target, upper_bound
 
@@ -381,7 +382,7 @@ def recommend_all(config: ExperimentConfig, similarity_hist: pd.DataFrame, label
             seen = similarity_hist.loc[similarity_hist["arm"] == arm.name, "intent_cluster"]
             targets += sorted(int(c) for c in seen.unique() if c >= 0)
         for cluster in targets:
-            out.append(recommend(arm.name, arm.threshold_for(cluster), _narrow(similarity_hist, arm.name, cluster),
+            out.append(recommend(arm.name, threshold_for(arm, cluster), _narrow(similarity_hist, arm.name, cluster),
                                  _narrow(labelled, arm.name, cluster), guardrails, now_ms=now_ms,
                                  last_change_ms=last.get(arm.name), cluster=cluster))
     return out
@@ -523,7 +524,7 @@ def logged_rules(configs: dict[int, ExperimentConfig], arm: str) -> dict[int, tu
     for version, config in configs.items():
         if arm in [a.name for a in config.arms] and config.arm(arm).similarity == "multi":
             arm_config = config.arm(arm)
-            base, canary = arm_config.multi, arm_config.multi_for("canary")
+            base, canary = arm_config.multi, multi_for(arm_config, "canary")
             out[version] = (float(max(base.threshold, canary.threshold)),
                             float(max(base.answer_margin, canary.answer_margin)))
     return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from cache_core.decision.thresholds import multi_for
 from cache_core.experiments import ArmConfig, CanaryConfig, assign
 from tests.unit.test_cache_logic import E0, make_cache
 from tests.unit.cache_helpers import at_cosine
@@ -41,8 +42,8 @@ def test_a_multi_canary_tries_its_own_score_floor_on_the_same_ranking():
     assert canary.hit and canary.answer == "ans" and not base.hit   # same cosine gate, floors differ
     scores = [(e.variant, e.score) for e in sink.events]
     assert [v for v, _ in scores] == ["canary", "base"] and 0.3 <= scores[0][1] == scores[1][1] < 0.95
-    assert arm.multi_for("canary").threshold == 0.3 and arm.multi_for("base").threshold == 0.95
-    assert arm.multi_for("canary").answer_margin == arm.multi.answer_margin  # not set: the arm's
+    assert multi_for(arm, "canary").threshold == 0.3 and multi_for(arm, "base").threshold == 0.95
+    assert multi_for(arm, "canary").answer_margin == arm.multi.answer_margin  # not set: the arm's
 
 
 def test_a_canary_floor_on_a_cosine_arm_is_refused():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache_core.guards import (GUARD_ORDER, date_mentions, entity_mentions, first_conflict,
+from cache_core.decision.guards import (GUARD_ORDER, date_mentions, entity_mentions, first_conflict,
                                number_mentions)
 
 FALSE_HITS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cache_core.experiments import ArmConfig, MultiSimilarityConfig
-from cache_core.similarity import (Weights, answer_consensus, char_grams, lexical_overlap,
+from cache_core.decision.rerank import (Weights, answer_consensus, char_grams, lexical_overlap,
                                    mixed_scores, rank, token_jaccard, tokens)
 from tests.unit.cache_helpers import at_cosine, unit_vec
 from tests.unit.test_cache_logic import E0, make_cache
