@@ -208,6 +208,8 @@ class DashboardSettings(_Documented):
     """The cache's own cost per lookup (embedding the query), charged on every cached-arm request."""
     target_false_hit_rate: float = Field(0.05, gt=0, lt=1)
     """Default ceiling on the false-hit rate for auto-tuning and canaries."""
+    autotune_every_s: float | None = Field(None, gt=0)
+    """``./scache serve`` runs auto-tune (``python -m dashboard.autotune --every N``) this often; unset: off."""
 
 
 class Settings(BaseSettings):

@@ -25,7 +25,8 @@ GARBAGE = b"garbage\x00\xff{\n"
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     made = {"dir": root / "a-directory", "garbage": root / "garbage.jsonl", "notjson": root / "notjson.jsonl",
-            "ok": root / "ok.jsonl", "noanswer": root / "noanswer.csv", "list": root / "list.yaml",
+            "ok": root / "ok.jsonl", "noanswer": root / "noanswer.csv",
+            "question": root / "question.csv", "list": root / "list.yaml",
             "broken": root / "broken.yaml", "infweight": root / "inf.yaml", "badcols": root / "badcols",
             "b77garbage": root / "b77garbage", "b77ok": root / "b77ok", "npy": root / "npy"}
     made["dir"].mkdir()
@@ -33,6 +34,7 @@ def files(tmp_path_factory):
     made["notjson"].write_text('{"query": "q", "answer": "a"}\nnot json\n')
     made["ok"].write_text('{"query": "q", "answer": "a"}\n')
     made["noanswer"].write_text('query,answer\n"a question",\n')
+    made["question"].write_text('question,answer\n"a question",a\n')
     made["list"].write_text("- a\n- b\n")
     made["broken"].write_text("experiments: [\n")
     made["infweight"].write_text("experiments:\n  - {experiment_id: x, salt: s, arms: [{name: a, weight: .inf}]}\n")
@@ -133,6 +135,21 @@ CASES = [
     ("stack nan rate", "infra.stack", ["demo", "--rate", "nan"], {}, 2, "--rate must be a positive number"),
     ("stack infinite rate", "infra.stack", ["demo", "--rate", "inf"], {}, 2, "--rate must be a positive number"),
     ("stack zero window", "infra.stack", ["demo", "--window-s", "0"], {}, 2, "--window-s must be at least 1"),
+    ("serve zero window", "infra.stack", ["serve", "--window-s", "0"], {}, 2, "--window-s must be at least 1"),
+    ("serve port out of range", "infra.stack", ["serve", "--port", "70000"], {}, 2, "--port must be in 1-65535"),
+    ("serve bad setting", "infra.stack", ["serve"], {"SCACHE_DASHBOARD__AUTOTUNE_EVERY_S": "0"}, 2,
+     "stack: invalid settings: SCACHE_DASHBOARD__AUTOTUNE_EVERY_S='0'"),
+    ("replay no file", "infra.replay", [], {}, 2, "the following arguments are required: file"),
+    ("replay missing file", "infra.replay", ["/nonexistent/log.jsonl"], {}, 2, "replay: /nonexistent/log.jsonl: no such file"),
+    ("replay not utf-8", "infra.replay", [F % "garbage"], {}, 2, "not UTF-8 text"),
+    ("replay not json", "infra.replay", [F % "notjson"], {}, 2, ":2: not JSON"),
+    ("replay unknown field", "infra.replay", [F % "question"], {}, 2, "unknown fields ['question']"),
+    ("replay zero rate", "infra.replay", [F % "ok", "--rate", "0"], {}, 2, "--rate must be a positive number"),
+    ("replay nan rate", "infra.replay", [F % "ok", "--rate", "nan"], {}, 2, "--rate must be a positive number"),
+    ("replay no running cache", "infra.replay", [F % "ok"], {}, 2, "no running cache found"),
+    ("replay refused url", "infra.replay", [F % "ok", "--url", f"http://127.0.0.1:{REFUSED}"], {}, 1,
+     "the cache did not answer"),
+    ("replay unparsable url", "infra.replay", [F % "ok", "--url", "http://[::1"], {}, 2, "--url 'http://[::1'"),
     ("topics unknown flag", "infra.kafka.topics", ["--bogus"], {}, 2, "unrecognized arguments"),
     ("topics bootstrap without port", "infra.kafka.topics", ["--bootstrap", "notahost:port"], {}, 2,
      "bootstrap server 'notahost:port' is not host:port"),
