@@ -167,7 +167,8 @@ class ServiceSettings(_Documented):
 
 class FlinkSettings(_Documented):
     connector_jar: Path | None = None
-    """flink-sql-connector-kafka jar; resolved from Maven Central by infra/flink/resolve.py when unset."""
+    """flink-sql-connector-kafka jar, required by the job; its launchers (infra/stack.py, infra/flink/cluster.py)
+    set it from infra/flink/resolve.py, which fetches it from Maven Central."""
     parallelism: int = Field(1, ge=1)
     window_s: int = Field(60, ge=1)
     """Event-time tumbling window of the aggregates."""

@@ -341,11 +341,12 @@ def _sink(t_env: StreamTableEnvironment, sink_rows: Table, settings: Settings) -
 # -- environment ------------------------------------------------------------------------
 
 def connector_jar(flink: FlinkSettings) -> Path:
-    if flink.connector_jar is not None:
-        return flink.connector_jar
-    from infra.flink.resolve import connector_jar as resolve_connector_jar
-
-    return resolve_connector_jar()
+    """The connector jar the launcher passes in (``SCACHE_FLINK__CONNECTOR_JAR``): infra/stack.py,
+    infra/flink/cluster.py and the deploy manifests set it; ``python -m infra.flink.resolve`` prints it."""
+    if flink.connector_jar is None:
+        raise FileNotFoundError("Flink Kafka connector jar not set: SCACHE_FLINK__CONNECTOR_JAR="
+                                "$(python -m infra.flink.resolve)")
+    return flink.connector_jar
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
