@@ -9,12 +9,18 @@ the others wait and then reuse its result.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import shutil
 import subprocess
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+def pom_digest(pom: Path) -> str:
+    """First 12 hex chars of the pom's sha256: the jar directory's key, so an edited pom resolves afresh."""
+    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
 
 
 def copy_dependencies_once(pom: Path, target: Path, *, marker: str, expect: str, what: str,

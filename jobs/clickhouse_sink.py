@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 from clickhouse_connect.driver.exceptions import OperationalError
 from pyflink.common import Types
@@ -84,19 +83,6 @@ TICK_BODY = ""
 """The body of a tick row (see the module doc)."""
 
 T = TypeVar("T")
-
-
-def utc(value) -> datetime:
-    """A Flink timestamp (TIMESTAMP_LTZ arrives as a pyflink Instant) as an aware UTC datetime."""
-    if hasattr(value, "to_epoch_milli"):
-        return datetime.fromtimestamp(value.to_epoch_milli() / 1000, tz=timezone.utc)
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
-def epoch_ms(value) -> int:
-    if hasattr(value, "to_epoch_milli"):
-        return int(value.to_epoch_milli())
-    return int(utc(value).timestamp() * 1000)
 
 
 def stamp(body: str, emitted_at_ms: int) -> str:

@@ -6,21 +6,16 @@ CLI: ``python -m infra.flink.resolve`` prints the jar path.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 from pathlib import Path
 
-from infra.maven import copy_dependencies_once
+from infra.maven import copy_dependencies_once, pom_digest
 from infra.runtime import scache_home
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
 _MARKER = ".resolved"
-
-
-def pom_digest(pom: Path = POM) -> str:
-    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
 
 
 def jar_dir(pom: Path = POM) -> Path:

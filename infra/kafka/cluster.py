@@ -101,10 +101,6 @@ class KafkaCluster:
             service.kill()
             log.info("kafka node killed", extra={"node_id": node_id, "pid": service.proc.pid})
 
-    def restart_node(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> Service:
-        self.stop_node(node_id)
-        return self.start_node(node_id, timeout_s=timeout_s)
-
     def stop(self) -> None:
         """Stop every node, all at once (a lone survivor would wait for a quorum that is gone)."""
         with ThreadPoolExecutor(max_workers=max(1, len(self.services))) as pool:

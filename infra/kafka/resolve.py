@@ -6,20 +6,14 @@ is written only after Maven succeeded; a half-copied directory is never used.
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
-from infra.maven import copy_dependencies_once
+from infra.maven import copy_dependencies_once, pom_digest
 from infra.runtime import scache_home
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 MARKER = ".complete"
-
-
-def pom_digest(pom: Path = POM) -> str:
-    """First 12 hex chars of the pom's sha256."""
-    return hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
 
 
 def jars_dir(pom: Path = POM) -> Path:
