@@ -23,7 +23,8 @@ import uvicorn
 from cache_core.types import CacheEntry, entry_bytes
 from cache_core.embedder import load_embedder
 from cache_core.index import IndexSpec, VectorIndex, set_search_threads
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import CacheSettings, Settings
 from infra.runtime import free_port, wait_until
 from infra.runtime import BANKING77_DIR
@@ -73,7 +74,7 @@ def time_index_kinds(vectors: np.ndarray, queries: np.ndarray) -> dict:
 
 def fill_cache(app, texts: list[str], vectors: np.ndarray, categories: list[str]) -> None:
     """Insert pre-encoded entries straight into every arm's partition (fast fill)."""
-    cache = app.state.cache
+    cache = app.state.components.cache
     experiment = cache.registry.get()
     now = time.time()
     for arm in experiment.arms:
@@ -87,7 +88,7 @@ def fill_cache(app, texts: list[str], vectors: np.ndarray, categories: list[str]
 
 
 def time_http_lookups(embedder, texts, vectors, categories, questions: list[str]) -> dict:
-    app = create_app(Settings(), NullPublisher(), embedder)
+    app = create_app(build_components(Settings(), NullPublisher(), embedder))
     fill_cache(app, texts, vectors, categories)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

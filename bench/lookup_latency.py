@@ -40,7 +40,8 @@ from cache_core.embedder import BatchingEncoder, load_embedder, normalise
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.index import IndexSpec, set_search_threads
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import CacheSettings, Settings
 from infra.runtime import free_port, wait_until
 from infra.runtime import BANKING77_DIR
@@ -200,13 +201,13 @@ def main() -> None:
     bare = summary(time_bare_encode(embedder, queries))
     texts, answers, vectors = corpus_vectors(embedder, args.entries)
     settings = Settings()
-    app = create_app(settings, NullPublisher(), BatchingEncoder(embedder),
-                     registry=registry_for(args.index, args.entries, args.ann_check_rate))
+    app = create_app(build_components(settings, NullPublisher(), BatchingEncoder(embedder),
+                                      registry=registry_for(args.index, args.entries, args.ann_check_rate)))
     set_search_threads(2)  # build in parallel, search with one thread
-    build_s = fill(app.state.cache, texts, answers, vectors)
+    build_s = fill(app.state.components.cache, texts, answers, vectors)
     set_search_threads(1)
-    in_process = time_in_process(app.state.cache, queries)
-    paired = time_paired(embedder, app.state.cache, queries)
+    in_process = time_in_process(app.state.components.cache, queries)
+    paired = time_paired(embedder, app.state.components.cache, queries)
     http = time_http(app, queries, args.concurrency)
     result = {"backend": args.backend, "threads": args.threads, "entries": args.entries,
               "index": args.index, "ann_check_rate": args.ann_check_rate, "index_build_s": round(build_s, 1), "bare_encode": bare,

@@ -15,7 +15,6 @@ import argparse
 import logging
 import socket
 import sys
-import threading
 from pathlib import Path
 
 import uvicorn
@@ -52,77 +51,33 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core import heap
 
     heap.pin_mmap_threshold()  # before the model loads: the encoder's freed buffers go back to the OS
-    from cache_core.control import ControlListener
-    from cache_core.embedder import EmbedderError, load_embedder
-    from cache_core.feedback import FeedbackFollower
+    from cache_core.embedder import EmbedderError
     from cache_core.index import set_search_threads
-    from cache_core.persistence import Persistence, PersistenceError
-    from cache_core.publisher import MIB, EventPublisher
+    from cache_core.persistence import PersistenceError
     from cache_core.service.app import create_app
-
-    from cache_core.registry import ExperimentRegistry
+    from cache_core.service.wiring import Components
 
     set_search_threads(1)
     try:
-        registry = ExperimentRegistry.from_file(settings.experiments_file)
-        embedder = load_embedder(settings.cache)
+        components = Components.for_service(settings, instance_id, spool_dir)
     except (EmbedderError, ValueError, yaml.YAMLError) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    try:
-        service = settings.service
-        publisher = EventPublisher(settings.kafka, spool_dir=spool_dir, instance_id=instance_id,
-                                   queue_size=service.publish_queue_size, max_spool_bytes=service.spool_max_mib * MIB,
-                                   send_timeout_s=service.publish_timeout_s)
     except OSError as exc:  # the spool directory cannot be made (a file there, no permission)
         log.error("cannot start: spool directory %s: %s", spool_dir, exc)
         return 2
-    listener: list = []
-    stopped = threading.Event()
-
-    def shutdown() -> None:
-        if stopped.is_set():
-            return
-        stopped.set()
-        for running in listener:
-            running.stop()
-        publisher.close()
-        log.info("cache service stopped", extra={"publisher": publisher.stats()})
-
-    persistence = None
-    if settings.cache.persist:
-        persistence = Persistence(settings.cache.snapshot_dir, fsync=settings.cache.wal_fsync,
-                                  interval_s=settings.cache.snapshot_interval_s,
-                                  max_log_records=settings.cache.snapshot_max_log_records)
     try:
         try:
-            app = create_app(settings, publisher, embedder, registry=registry,
-                             instance_id=instance_id, shutdown_hooks=[shutdown],
-                             persistence=persistence, replicate=settings.cache.replicate)
+            components.start()  # restores the cache: a broken snapshot stops here, before serving
         except (PersistenceError, OSError) as exc:  # OSError: e.g. snapshot_dir is a file
             log.error("cannot start: %s", exc)
             return 2
-        listener.append(ControlListener(settings.kafka, on_record=app.state.registry.apply_record))
-        listener[0].start()
-        app.state.followers["control"] = listener[0]  # /readyz: not before the live config is known
-        if app.state.entry_follower is not None:  # entries the other replicas store
-            listener.append(app.state.entry_follower.start())
-        if settings.cache.feedback_memory:  # verdicts other replicas took on hits served here
-            app.state.feedback_follower = FeedbackFollower(
-                settings.kafka, app.state.cache, state_dir=persistence.directory if persistence else None,
-                max_age_s=settings.cache.feedback_resume_max_age_s,
-                checkpoint_s=settings.cache.feedback_checkpoint_s).start()
-            listener.append(app.state.feedback_follower)
-            # /readyz: resumed after a graceful stop, not before the verdicts posted meanwhile are applied
-            app.state.followers["feedback"] = app.state.feedback_follower
-        publisher.start_heartbeats(settings.cache.heartbeat_interval_s)
-        log.info("cache service starting", extra={"host": settings.service.host,
-                                                  "port": settings.service.port,
+        log.info("cache service starting", extra={"host": settings.service.host, "port": settings.service.port,
                                                   "instance_id": instance_id})
-        uvicorn.run(app, host=settings.service.host, port=settings.service.port,
+        uvicorn.run(create_app(components), host=settings.service.host, port=settings.service.port,
                     log_level=settings.log_level.lower(), access_log=False, log_config=None)
     finally:
-        shutdown()  # also when uvicorn could not start (e.g. port taken)
+        components.stop()  # also when uvicorn could not start (e.g. port taken); a no-op after the lifespan's
     return 0
 
 

@@ -16,7 +16,8 @@ from cache_core.ann_check import AnnChecker
 from cache_core.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import Settings
 from tests.unit.cache_helpers import RecordingPublisher, TableEmbedder, experiment
@@ -278,14 +279,14 @@ def test_the_app_batches_checks_exposes_them_in_metrics_and_drains_at_shutdown()
     exp = experiment(ArmConfig(name="a", threshold=0.99, ann_check_rate=1.0))
     settings = Settings(cache={"ann_check_batch_size": 16, "ann_check_batch_wait_ms": 5000})
     publisher = RecordingPublisher()
-    app = create_app(settings, publisher, TableEmbedder(table),
-                     registry=ExperimentRegistry({exp.experiment_id: exp}))
+    app = create_app(build_components(settings, publisher, TableEmbedder(table),
+                                      registry=ExperimentRegistry({exp.experiment_id: exp})))
     with TestClient(app) as client:
         for i in range(20):
             client.post("/v1/store", json={"query": f"t{i}", "answer": "a", "unit_id": "u"})
         for i in range(20):
             assert client.post("/v1/lookup", json={"query": f"t{i}", "unit_id": "u"}).json()["hit"]
-        checker = app.state.cache.ann_checker
+        checker = app.state.components.cache.ann_checker
         assert until(lambda: checker.stats()["checked"] == 16, timeout_s=4.0)
         text = client.get("/metrics").text
         assert "scache_ann_checks_batched_total 16.0" in text  # one full batch ran

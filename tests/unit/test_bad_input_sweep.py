@@ -30,7 +30,8 @@ from cache_core.experiments import ExperimentConfig, load_experiments
 
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from tests.unit.cache_helpers import RecordingPublisher
 from tests.unit.test_service_chat_admin import TOKEN, ControlRecorder, Upstream
@@ -351,12 +352,13 @@ ACCEPTED = [
 def make_app(minilm_embedder, snapshot_dir, upstream_port: int):
     settings = Settings(cache={"max_query_chars": MAX_QUERY, "max_answer_chars": MAX_ANSWER},
                         service={"admin_token": TOKEN, "upstream_url": f"http://127.0.0.1:{upstream_port}/v1"})
-    return create_app(settings, RecordingPublisher(), minilm_embedder, control_publisher=ControlRecorder(),
-                      persistence=Persistence(snapshot_dir))
+    return create_app(build_components(settings, RecordingPublisher(), minilm_embedder,
+                                       control_publisher=ControlRecorder(),
+                                       persistence=Persistence(snapshot_dir)))
 
 
 def entry_count(client) -> int:
-    return sum(len(p) for p in client.app.state.cache.partitions())
+    return sum(len(p) for p in client.app.state.components.cache.partitions())
 
 
 def seed(client) -> None:

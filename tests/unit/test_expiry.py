@@ -14,7 +14,8 @@ from cache_core.cache import SemanticCache
 from cache_core.experiments import ArmConfig
 from cache_core.expiry import ExpirySweeper
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import wait_until
 from tests.unit.cache_helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_vec
@@ -98,7 +99,8 @@ def test_the_thread_sweeps_on_its_interval_and_stops():
 
 def test_the_service_sweeps_in_the_background_and_reports_it(minilm_embedder):
     clock = ManualClock()
-    app = create_app(Settings(), RecordingPublisher(), minilm_embedder, clock=clock, expiry_sweep_s=0.02)
+    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder, clock=clock,
+                                      expiry_sweep_s=0.02))
     with TestClient(app) as client:
         stored = client.post("/v1/store", json={"query": "How do I close my account?", "answer": "Settings.",
                                                 "unit_id": "u1", "namespace": "trial-7", "ttl_s": 5})
@@ -107,7 +109,7 @@ def test_the_service_sweeps_in_the_background_and_reports_it(minilm_embedder):
         clock.advance(10)
         wait_until(lambda: client.get("/healthz").json()["entries"] == 0, 5, "the service's sweep")
         assert client.get("/healthz").json()["expiry"]["removed"] == 1
-    assert not app.state.expiry.stats()["alive"]  # stopped with the app
+    assert not app.state.components.expiry.stats()["alive"]  # stopped with the app
 
 
 

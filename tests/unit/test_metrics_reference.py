@@ -8,16 +8,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cache_core.feedback import FeedbackFollower
 from cache_core.persistence import Persistence
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import PROJECT_ROOT, KafkaSettings, Settings
 from tests.unit.cache_helpers import RecordingPublisher
 
 
 def _exported(minilm_embedder, tmp_path) -> dict[str, str]:
     """Family name -> type, from a replica with persistence and replication, after some traffic."""
-    app = create_app(Settings(), RecordingPublisher(), minilm_embedder, persistence=Persistence(tmp_path / "snap"),
-                     replicate=True, instance_id="docs")
-    app.state.feedback_follower = FeedbackFollower(KafkaSettings(), app.state.cache)  # as the service sets it
+    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder,
+                                      persistence=Persistence(tmp_path / "snap"),
+                                      replicate=True, instance_id="docs"))
+    components = app.state.components
+    components.feedback_follower = FeedbackFollower(KafkaSettings(), components.cache)  # as the service sets it
     with TestClient(app) as client:
         client.post("/v1/store", json={"query": "How do I reset my password?", "answer": "Link.", "unit_id": "u"})
         client.post("/v1/lookup", json={"query": "how can I reset my password", "unit_id": "u"})

@@ -5,7 +5,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cache_core.events import CacheEvent
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from tests.unit.cache_helpers import RecordingPublisher
 
@@ -14,7 +15,7 @@ from tests.unit.cache_helpers import RecordingPublisher
 def api(minilm_embedder):
     settings = Settings(cache={"max_query_chars": 200})
     publisher = RecordingPublisher()
-    app = create_app(settings, publisher, minilm_embedder)
+    app = create_app(build_components(settings, publisher, minilm_embedder))
     with TestClient(app, raise_server_exceptions=False) as client:
         client.publisher = publisher
         yield client
@@ -32,7 +33,7 @@ def test_store_then_paraphrase_hits_and_event_is_published(api):
     assert body["similarity"] >= body["threshold"] and body["provenance"]["version"] == "7"
     assert body["experiment_id"] == "threshold-ab" and body["config_version"] == 1
     assert body["score"] is None and body["score_margin"] is None  # cosine arms have no mixed score
-    assert api.app.state.cache.flush_events()  # events are finished after the answer
+    assert api.app.state.components.cache.flush_events()  # events are finished after the answer
     event = api.publisher.events[-1]
     assert isinstance(event, CacheEvent) and event.request_id == body["request_id"]
     assert event.embedding_l2_norm > 0 and event.arm == body["arm"]
@@ -105,11 +106,14 @@ class _Follower:
     def stats(self) -> dict:
         return {"caught_up": self.caught_up}
 
+    def stop(self) -> None:
+        pass
+
 
 def test_ready_only_once_every_topic_follower_has_replayed(api):
     assert api.get("/readyz").json() == {"ready": True}  # no followers: nothing to wait for
     control, entries = _Follower(False), _Follower(True)
-    api.app.state.followers.update(control=control, entries=entries)
+    api.app.state.components.followers.update(control=control, entries=entries)
     waiting = api.get("/readyz")
     assert waiting.status_code == 503 and waiting.json()["detail"] == "still replaying: control"
     assert api.get("/healthz").status_code == 200  # alive all the same

@@ -15,7 +15,8 @@ from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import free_port, wait_until
 from tests.unit.cache_helpers import RecordingPublisher
@@ -125,8 +126,8 @@ def make_client(minilm_embedder, tmp_path, upstream_url=None, admin_token=TOKEN)
     settings = Settings(service={"upstream_url": upstream_url, "admin_token": admin_token})
     control = ControlRecorder()
     registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
-    app = create_app(settings, RecordingPublisher(), minilm_embedder, control_publisher=control,
-                     registry=registry, persistence=Persistence(tmp_path / "snap"))
+    app = create_app(build_components(settings, RecordingPublisher(), minilm_embedder, control_publisher=control,
+                                      registry=registry, persistence=Persistence(tmp_path / "snap")))
     client = TestClient(app, raise_server_exceptions=False)
     client.control = control
     return client

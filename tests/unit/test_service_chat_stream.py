@@ -10,7 +10,8 @@ import pytest
 
 from cache_core.experiments import ExperimentConfig
 from cache_core.registry import ExperimentRegistry
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import free_port
 from tests.unit.cache_helpers import RecordingPublisher
@@ -141,8 +142,8 @@ def test_upstream_that_ignores_stream_still_gives_the_client_a_stream(client, up
 def test_miss_chunks_reach_the_client_before_the_upstream_has_finished(minilm_embedder, upstream):
     settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
     registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
-    app = create_app(settings, RecordingPublisher(), minilm_embedder, registry=registry,
-                     control_publisher=lambda message: None)
+    app = create_app(build_components(settings, RecordingPublisher(), minilm_embedder, registry=registry,
+                                      control_publisher=lambda message: None))
     upstream.gate.clear()
     body = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "wait for the gate"}]}
     # A real server: TestClient hands over a streamed body only once it is complete.

@@ -11,7 +11,8 @@ from cache_core.cache import SemanticCache
 from cache_core.types import InvalidRequest, StoreItem
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from tests.unit.cache_helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_in_arm, unit_vec
 
@@ -69,7 +70,7 @@ def test_a_bad_item_stores_nothing_and_names_its_index():
 
 @pytest.fixture()
 def api(minilm_embedder):
-    app = create_app(Settings(), RecordingPublisher(), minilm_embedder)
+    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

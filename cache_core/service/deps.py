@@ -1,0 +1,47 @@
+"""FastAPI dependencies: what a route needs, taken from the app's ``Components``
+(``cache_core.service.wiring``). Tests override them with ``app.dependency_overrides[get_cache] = ...``."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from cache_core.cache import SemanticCache
+from cache_core.registry import ExperimentRegistry
+from cache_core.service.metrics import ServiceMetrics
+from cache_core.service.wiring import Components, Publisher
+from cache_core.settings import Settings
+
+
+def get_components(request: Request) -> Components:
+    return request.app.state.components
+
+
+ComponentsDep = Annotated[Components, Depends(get_components)]
+
+
+def get_cache(components: ComponentsDep) -> SemanticCache:
+    return components.cache
+
+
+def get_registry(components: ComponentsDep) -> ExperimentRegistry:
+    return components.registry
+
+
+def get_metrics(components: ComponentsDep) -> ServiceMetrics:
+    return components.metrics
+
+
+def get_publisher(components: ComponentsDep) -> Publisher:
+    return components.publisher
+
+
+def get_settings(components: ComponentsDep) -> Settings:
+    return components.settings
+
+
+CacheDep = Annotated[SemanticCache, Depends(get_cache)]
+RegistryDep = Annotated[ExperimentRegistry, Depends(get_registry)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+PublisherDep = Annotated[Publisher, Depends(get_publisher)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

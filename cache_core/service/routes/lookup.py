@@ -1,0 +1,18 @@
+"""``POST /v1/lookup``: is there a cached answer for this query, for this unit's arm?"""
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from cache_core.service.deps import CacheDep
+from cache_core.service.schemas import LookupRequest, LookupResponse
+
+router = APIRouter()
+
+
+@router.post("/v1/lookup", response_model=LookupResponse)
+async def lookup(body: LookupRequest, cache: CacheDep) -> LookupResponse:
+    """Async: it awaits the shared micro-batching encoder's future (concurrent requests still get
+    batched) without a thread-pool hop."""
+    result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
+                                      namespace=body.namespace, scope=body.scope)
+    return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})
