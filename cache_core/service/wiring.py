@@ -114,7 +114,8 @@ class Components:
                                       interval_s=settings.cache.snapshot_interval_s,
                                       max_log_records=settings.cache.snapshot_max_log_records)
         parts = build_components(settings, publisher, embedder, registry=registry, instance_id=instance_id,
-                                 persistence=persistence, replicate=settings.cache.replicate)
+                                 persistence=persistence, replicate=settings.cache.replicate,
+                                 close_publisher=True)
         # /readyz: not before the live config is known, the entries replayed, the verdicts applied
         if parts.entry_follower is not None:  # entries the other replicas store
             parts.followers["entries"] = parts.entry_follower
@@ -127,7 +128,6 @@ class Components:
             # resumed after a graceful stop, not ready before the verdicts posted meanwhile are applied
             parts.followers["feedback"] = parts.feedback_follower
         parts.heartbeat_s = settings.cache.heartbeat_interval_s
-        parts._closers.insert(_index_of(parts._closers, "followers") + 1, ("publisher", publisher.close))
         return parts
 
     def start(self) -> Components:
@@ -178,7 +178,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                      instance_id: str = "", persistence: Persistence | None = None,
                      control_publisher: Callable[[ControlMessage], None] | None = None,
                      event_executor=None, replicate: bool = False,
-                     expiry_sweep_s: float | None = DEFAULT_INTERVAL_S) -> Components:
+                     expiry_sweep_s: float | None = DEFAULT_INTERVAL_S,
+                     close_publisher: bool = False) -> Components:
     """The cache and what serves it, around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``; ``publish_entry`` with ``replicate``). Nothing starts until ``Components.start()``.
 
@@ -190,7 +191,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     events, lookup metrics and sampled ANN checks after the answer (default: an ``EventWorker`` owned
     here, whose ANN checks are batched, ``settings.cache.ann_check_*``). ``replicate``: stored entries
     and clears go to the entries topic; ``entry_follower`` (built, not started) applies the other replicas'.
-    ``expiry_sweep_s``: expired entries are removed this often in the background (None: only lazily)."""
+    ``expiry_sweep_s``: expired entries are removed this often in the background (None: only lazily).
+    ``close_publisher``: ``stop()`` closes the publisher (after the followers, before the final snapshot)."""
     closers: list[tuple[str, Callable[[], None]]] = []
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
@@ -242,6 +244,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     if own_worker:
         closers.append(("event worker", event_executor.close))  # every decided lookup's event is published
     closers.append(("followers", lambda: None))  # replaced by each follower's stop, in start order
+    if close_publisher:
+        closers.append(("publisher", publisher.close))
     if persistence is not None:
         closers.append(("persistence", persistence.close))
     closers.append(("upstream client", upstream.close))
