@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything scache needs on one machine, idempotently and mostly from caches:
-#   - a virtualenv under $SCACHE_HOME keyed by a hash of pyproject.toml + requirements.lock
+#   - a virtualenv under $SCACHE_HOME keyed by a hash of requirements.lock (what it installs; pyproject.toml's
+#     pins are the lock's, a unit test holds them, so an edit elsewhere in pyproject.toml rebuilds nothing)
 #   - the Kafka broker jars and the Flink Kafka connector jar, resolved with mvn (keyed by pom hash)
 #   - with --browser: Debian's chromium for the dashboard's browser tests
 # Prints the venv's python path as its last line.
@@ -25,7 +26,7 @@ if ! "$python_bin" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/de
   exit 2
 fi
 
-lock_hash=$(cat "$repo/pyproject.toml" "$repo/requirements.lock" | sha256sum | cut -c1-12)
+lock_hash=$(sha256sum < "$repo/requirements.lock" | cut -c1-12)
 venv="$SCACHE_HOME/venv-$lock_hash"
 # One setup at a time per machine: two clones building the same venv would trample it.
 exec 9>"$SCACHE_HOME/setup.lock"

@@ -139,6 +139,8 @@ CASES = [
     ("serve port out of range", "infra.stack", ["serve", "--port", "70000"], {}, 2, "--port must be in 1-65535"),
     ("serve bad setting", "infra.stack", ["serve"], {"SCACHE_DASHBOARD__AUTOTUNE_EVERY_S": "0"}, 2,
      "stack: invalid settings: SCACHE_DASHBOARD__AUTOTUNE_EVERY_S='0'"),
+    ("scache no command", "infra.cli", [], {}, 2, "usage: scache COMMAND"),
+    ("scache unknown command", "infra.cli", ["bogus"], {}, 2, "scache: unknown command 'bogus'"),
     ("replay no file", "infra.replay", [], {}, 2, "the following arguments are required: file"),
     ("replay missing file", "infra.replay", ["/nonexistent/log.jsonl"], {}, 2, "replay: /nonexistent/log.jsonl: no such file"),
     ("replay not utf-8", "infra.replay", [F % "garbage"], {}, 2, "not UTF-8 text"),
