@@ -8,7 +8,8 @@ import os
 import pytest
 from fastapi.testclient import TestClient
 
-from cache_core.service import create_app
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra import replay as replay_module
 from infra.replay import ReplayError, read_log, schedule
@@ -70,7 +71,7 @@ def test_recorded_pace_or_a_given_rate(tmp_path):
 @pytest.fixture()
 def api(minilm_embedder):
     publisher = RecordingPublisher()
-    with TestClient(create_app(Settings(), publisher, minilm_embedder), raise_server_exceptions=False) as client:
+    with TestClient(create_app(build_components(Settings(), publisher, minilm_embedder)), raise_server_exceptions=False) as client:
         client.publisher = publisher
         yield client
 
