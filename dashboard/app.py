@@ -22,10 +22,11 @@ from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.events import now_ms
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
 from cache_core.settings import Settings, get_settings
-from dashboard import attribution as attribution_mod
-from dashboard import autotune, charts, control, data, processing, queries, tuning
-from dashboard.queries import Filters
-from dashboard.stats import ProportionStat
+from dashboard.control import attribution as attribution_mod
+from dashboard import charts, data
+from dashboard.control import autotune, processing, publishing, queries, tuning
+from dashboard.control.queries import Filters
+from dashboard.control.stats import ProportionStat
 
 ALL_NAMESPACES = "(all namespaces)"
 NO_DATA = "No data yet for this experiment and time range — traffic shows up here once the attribution job writes its first window."
@@ -258,10 +259,10 @@ def decomposition_section(view: View, frames: dict, examples: pd.DataFrame | Non
 # -- control panel ---------------------------------------------------------------------
 
 def audit_from_topic(view: View) -> None:
-    """``control.sync_audit``, so the panel (which reads configs from the warehouse) sees
+    """``publishing.sync_audit``, so the panel (which reads configs from the warehouse) sees
     admin-API pushes; a broker that cannot be read leaves the panel as it was, with a warning."""
     try:
-        written = control.sync_audit(view.settings, view.experiment_id, data.client(view.settings))
+        written = publishing.sync_audit(view.settings, view.experiment_id, data.client(view.settings))
     except Exception as exc:  # the broker or warehouse is down: reloading what the warehouse has still helps
         st.session_state["ctl_flash_warning"] = f"Could not read the control topic to audit missing versions: {exc}"
         return
@@ -362,13 +363,13 @@ def change_section(view: View, config) -> None:
     reason = st.text_input("Reason", key="ctl_reason")
     if st.button("Push", type="primary", key="ctl_push"):
         if cluster is not None:
-            change = lambda: control.set_cluster_threshold(arm, cluster, threshold)
+            change = lambda: publishing.set_cluster_threshold(arm, cluster, threshold)
             what = f"{arm} cluster {cluster} threshold {threshold:.3f}"
         elif mode == "canary":
-            change = lambda: control.start_canary(arm, threshold, share, target, at_ms=now_ms())
+            change = lambda: publishing.start_canary(arm, threshold, share, target, at_ms=now_ms())
             what = f"{arm} canary at {threshold:.3f} on {share:.0%} of units"
         else:
-            change = lambda: control.set_threshold(arm, threshold)
+            change = lambda: publishing.set_threshold(arm, threshold)
             what = f"{arm} threshold {threshold:.3f}"
         act_and_reload(view, change, reason, what)
     if config.arm(arm).similarity == "multi":
@@ -388,7 +389,7 @@ def invalidation_push_section(view: View, config, arm: str) -> None:
     reason = cols[1].text_input("Reason", key="ctl_invalidate_reason")
     if st.button(f"Push wrong-answer removal of {arm}", key="ctl_invalidate_push"):
         moved = f"users before removal {current} → {users}"  # the audit's threshold columns do not move
-        act_and_reload(view, lambda: control.set_invalidate_after(arm, users),
+        act_and_reload(view, lambda: publishing.set_invalidate_after(arm, users),
                        "; ".join([moved, reason.strip()]) if reason.strip() else moved,
                        f"{arm} removes entries after {users} users' wrong verdicts")
 
@@ -423,10 +424,10 @@ def multi_push_section(view: View, config, arm: str) -> None:
         changed = dict(score_floor=floor if floor != multi.threshold else None,
                        answer_margin=margin if margin != multi.answer_margin else None)
         if mode == "canary":
-            change = lambda: control.start_multi_canary(arm, share, target, now_ms(), **changed)
+            change = lambda: publishing.start_multi_canary(arm, share, target, now_ms(), **changed)
             what = f"{arm} canary with score floor {floor:.3f}, answer margin {margin:.3f} on {share:.0%} of units"
         else:
-            change = lambda: control.set_multi(arm, score_floor=floor, answer_margin=margin)
+            change = lambda: publishing.set_multi(arm, score_floor=floor, answer_margin=margin)
             what = f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}"
         act_and_reload(view, change, "; ".join(moved + [reason.strip()] if reason.strip() else moved), what)
 
@@ -440,7 +441,7 @@ def logged_history(view: View, config) -> tuple[pd.DataFrame, dict]:
 
 def multi_recommendation(view: View, config, arm: str) -> None:
     """The auto-tune recommendation for a multi arm's floor / margin (what ``python -m
-    dashboard.autotune`` would push, with the auto-tune section's guardrails), and a button
+    dashboard.control.autotune`` would push, with the auto-tune section's guardrails), and a button
     that copies it into the inputs below; pushing stays a separate, explicit step."""
     rules = queries.multi_rules(config)
     hist = optional(view, "multi_score_histogram", view.filters, rules)
@@ -498,7 +499,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
         return
     scoped = hist if cluster is None else hist[hist["intent_cluster"] == cluster]
     labelled = optional(view, "labelled_similarity", view.filters, rules)
-    estimate = control.whatif_hit_rate(scoped, threshold)
+    estimate = publishing.whatif_hit_rate(scoped, threshold)
     row = estimate[estimate["arm"] == arm]
     cols = st.columns(2)
     if not row.empty:
@@ -514,7 +515,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
                             + ("" if fh["supported"] else " — below the lowest labelled similarity: extrapolated"))
         else:
             cols[1].caption("No feedback-labelled hits at or above this threshold.")
-    curve = tuning.drop_unreplayable(control.whatif_curve(scoped), scoped)
+    curve = tuning.drop_unreplayable(publishing.whatif_curve(scoped), scoped)
     st.altair_chart(charts.whatif_curve(curve, threshold), use_container_width=True)
     st.caption("First-order estimate from logged top-1 similarities: it holds the cache contents fixed.")
     rule = next((r for r in rules if r.arm == arm), None)
@@ -582,10 +583,10 @@ def canary_section(view: View, config) -> None:
             st.dataframe(stats, hide_index=True)
         c1, c2 = st.columns(2)
         if c1.button(f"Promote {arm.name} canary", key=f"ctl_promote_{arm.name}"):
-            act_and_reload(view, lambda a=arm.name: control.promote_canary(a), f"promote: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: publishing.promote_canary(a), f"promote: {decision.reason}",
                 f"{arm.name} canary promoted")
         if c2.button(f"Roll back {arm.name} canary", key=f"ctl_canary_rollback_{arm.name}"):
-            act_and_reload(view, lambda a=arm.name: control.rollback_canary(a), f"rollback: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: publishing.rollback_canary(a), f"rollback: {decision.reason}",
                 f"{arm.name} canary rolled back")
 
 
@@ -670,14 +671,14 @@ def autotune_section(view: View, config) -> None:
             return
         for r in changes:
             if r.cluster is not None:
-                change = lambda r=r: control.set_cluster_threshold(r.arm, r.cluster, r.recommended)
+                change = lambda r=r: publishing.set_cluster_threshold(r.arm, r.cluster, r.recommended)
             elif as_canary:
                 share = shares.explore if r.action == "explore" else shares.change
-                change = lambda r=r, share=share: control.start_canary(r.arm, r.recommended, share,
+                change = lambda r=r, share=share: publishing.start_canary(r.arm, r.recommended, share,
                                                                       guardrails.target_false_hit_rate,
                                                                       at_ms=now_ms())
             else:
-                change = lambda r=r: control.set_threshold(r.arm, r.recommended)
+                change = lambda r=r: publishing.set_threshold(r.arm, r.recommended)
             if not act(view, change, f"auto-tune recommendation: {r.reason}",
                        f"{r.arm}{'' if r.cluster is None else f' cluster {r.cluster}'} → {r.recommended:.3f}"):
                 break
@@ -710,7 +711,7 @@ def canary_shares(as_canary: bool) -> CanaryShares:
 def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: bool, shares: CanaryShares) -> None:
     every = st.number_input("Re-tune every (s)", 30, 86400, 300, 30, key="tune_every")
     on = st.toggle("Auto-tune on a schedule while this page is open", key="tune_scheduled")
-    st.caption("Unattended: run `python -m dashboard.autotune --every N` under any scheduler; it applies the same "
+    st.caption("Unattended: run `python -m dashboard.control.autotune --every N` under any scheduler; it applies the same "
                "guardrails, evaluates canaries (promote / roll back) and audits every push.")
     if not on:
         return
@@ -744,7 +745,7 @@ def history_section(view: View, config) -> None:
         return
     st.dataframe(history.drop(columns=["config_json"]), hide_index=True)
     file_config = data.file_configs(view.settings).get(view.experiment_id)
-    previous = control.previous_config(history, config, fallback=file_config)
+    previous = publishing.previous_config(history, config, fallback=file_config)
     if previous is None:
         return
     now = {a.name: a.invalidate_after_wrong for a in config.arms}
@@ -753,7 +754,7 @@ def history_section(view: View, config) -> None:
         f" removal after {a.invalidate_after_wrong}" if now.get(a.name, a.invalidate_after_wrong)
         != a.invalidate_after_wrong else "") for a in previous.arms)
     if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
-        act_and_reload(view, lambda: control.restore_thresholds(previous), f"rollback to version {previous.version}",
+        act_and_reload(view, lambda: publishing.restore_thresholds(previous), f"rollback to version {previous.version}",
             f"thresholds (and multi settings) of version {previous.version}")
 
 
@@ -773,16 +774,16 @@ def act(view: View, make_change, reason: str, what: str) -> bool:
         return False
     pin = f"loaded_version:{view.experiment_id}"
     try:
-        message = control.publish_change(view.settings, view.experiment_id, make_change(),
+        message = publishing.publish_change(view.settings, view.experiment_id, make_change(),
                                          st.session_state.get("ctl_actor", ""), reason,
                                          expected_version=st.session_state.get(pin), client=data.client(view.settings))
-    except control.VersionConflict as exc:
+    except publishing.VersionConflict as exc:
         st.error(f"Not pushed: {exc}")
         return False
     except ValueError as exc:
         st.error(f"Not pushed: {exc}")
         return False
-    except control.AuditWriteError as exc:
+    except publishing.AuditWriteError as exc:
         st.warning(str(exc))
         st.session_state[pin] = exc.control_message.experiment.version
         data.clear()

@@ -14,7 +14,7 @@ import streamlit as st
 
 from cache_core.experiments import ExperimentConfig, load_experiments
 from cache_core.settings import ClickHouseSettings, Settings
-from dashboard import queries
+from dashboard.control import queries
 
 RESULT_TTL_S = 600  # upper bound on memory use; freshness comes from the refresh tick
 

@@ -18,7 +18,7 @@ from cache_core.chclient import connect
 from cache_core.control import publish_control
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
-from dashboard import queries as dashboard_queries
+from dashboard.control import queries as dashboard_queries
 from infra.stack import Stack
 from infra.traffic import answer_for, load_queries, units_per_arm
 

@@ -50,7 +50,7 @@ def safe_floor_env(monkeypatch, kafka_settings, ch_settings, tmp_path):
 
 
 def _run(capsys, *args) -> dict[tuple[str, str], dict]:
-    from dashboard import autotune
+    from dashboard.control import autotune
     assert autotune.main(["--once", "--min-decisions", "200", "--min-labelled", "30", "--target", "0.05",
                           *args]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -130,14 +130,14 @@ def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(m
     (before, only the live version and audited ones were known), and a real run audits both."""
     from cache_core.control import publish_confirmed
     from cache_core.events import ControlMessage
-    from dashboard import control
+    from dashboard.control import publishing
     experiment_id, client = multi_env
     settings = get_settings()
-    live = control.current_config(settings, experiment_id)
+    live = publishing.current_config(settings, experiment_id)
     for version, threshold in ((2, 0.82), (3, 0.83)):
-        admin = control.set_threshold("treatment", threshold)(live).model_copy(update={"version": version})
+        admin = publishing.set_threshold("treatment", threshold)(live).model_copy(update={"version": version})
         publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api"),
-                          base=control.file_configs(settings))
+                          base=publishing.file_configs(settings))
     ts_ms = int(datetime.now(timezone.utc).timestamp() * 1000) - 1000
     client.insert("events_raw", [["decision", f"{experiment_id}-v2-{i}", ts_ms + i, experiment_id, "control", "hit",
                                   True, 0.90, "multi", 0.60, 0.05, 2, "base"] for i in range(10)],
@@ -146,7 +146,7 @@ def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(m
                                 "variant"])
     dry = _run(capsys, "--experiment", experiment_id, "--dry-run", "--cooldown-s", "0")
     assert dry[("control", "multi")]["action"] == "change", dry[("control", "multi")]["reason"]
-    assert control.sync_audit(settings, experiment_id, client) == [2, 3]  # dry wrote nothing
+    assert publishing.sync_audit(settings, experiment_id, client) == [2, 3]  # dry wrote nothing
     client.command("DELETE FROM threshold_changes WHERE experiment_id = {e:String}", parameters={"e": experiment_id})
     done = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0")
     assert (done[("control", "multi")]["action"], done[("control", "multi")]["version"]) == ("change", 4)

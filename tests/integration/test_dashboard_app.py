@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from cache_core.chclient import connect
 from cache_core.events import ControlMessage
 from cache_core.settings import get_settings
-from dashboard import control, queries
+from dashboard.control import publishing, queries
 from infra.runtime import REPO_ROOT
 from tests.fixtures import dashboard_seed as seed
 
@@ -197,7 +197,7 @@ def test_push_refused_when_config_moved_since_loading(app_env, kafka_settings, m
     _kafka_env(monkeypatch, kafka_settings)
     at = start()  # loads version 1
     settings = get_settings()
-    control.push_threshold(settings, experiment_id, "control", 0.91, "someone-else", "", expected_version=1)
+    publishing.push_threshold(settings, experiment_id, "control", 0.91, "someone-else", "", expected_version=1)
     at.text_input(key="ctl_actor").input("tester")
     at.number_input(key="ctl_threshold").set_value(0.70)
     at.button(key="ctl_push").click().run()
@@ -218,10 +218,10 @@ def test_reload_audits_a_version_pushed_past_the_dashboard(app_env, ch_settings,
     _kafka_env(monkeypatch, kafka_settings)
     at = start()
     settings = get_settings()
-    live = control.current_config(settings, experiment_id)
-    admin = control.set_threshold("treatment", 0.74)(live).model_copy(update={"version": 2})
+    live = publishing.current_config(settings, experiment_id)
+    admin = publishing.set_threshold("treatment", 0.74)(live).model_copy(update={"version": 2})
     publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops"),
-                      base=control.file_configs(settings))
+                      base=publishing.file_configs(settings))
     at.button(key="ctl_reload").click().run()
     assert not at.exception, at.exception
     assert any("Audited config version(s) 2 from the control topic" in m.value for m in at.success)
@@ -246,7 +246,7 @@ def test_rollback_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
     _kafka_env(monkeypatch, kafka_settings)
     monkeypatch.setenv("SCACHE_DASHBOARD__ADMIN_TOKEN", "s3cret")
     get_settings.cache_clear()
-    control.push_threshold(get_settings(), experiment_id, "control", 0.91, "someone", "")
+    publishing.push_threshold(get_settings(), experiment_id, "control", 0.91, "someone", "")
     at = start()
     at.text_input(key="ctl_actor").input("mallory")
     at.button(key="ctl_rollback").click().run()
@@ -294,9 +294,9 @@ def test_autotune_explores_a_smaller_step_after_a_rolled_back_canary(app_env, ch
     client = connect(ch_settings)
     seed.seed_tuning(client, experiment_id, datetime.now(timezone.utc))
     settings = get_settings()
-    for change, version in ((control.start_canary("treatment", 0.77, 0.1, 0.05, at_ms=1), 1),
-                            (control.rollback_canary("treatment"), 2)):
-        control.publish_change(settings, experiment_id, change, "op", "t", expected_version=version, client=client)
+    for change, version in ((publishing.start_canary("treatment", 0.77, 0.1, 0.05, at_ms=1), 1),
+                            (publishing.rollback_canary("treatment"), 2)):
+        publishing.publish_change(settings, experiment_id, change, "op", "t", expected_version=version, client=client)
     client.close()
     at = start()
     at.number_input(key="tune_cooldown").set_value(0).run()

@@ -5,7 +5,7 @@ import pytest
 
 from cache_core.control import read_latest_configs
 from cache_core.events import ControlMessage
-from dashboard import autotune, control, queries, tuning
+from dashboard.control import autotune, publishing, queries, tuning
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_dashboard_app import _control_messages
 
@@ -25,27 +25,27 @@ def env(kafka_settings, ch_settings, tmp_path):
 
 def test_second_push_from_the_same_version_is_refused(env):
     settings, experiment_id, client = env
-    first = control.push_threshold(settings, experiment_id, "treatment", 0.75, "alice", "", client=client,
+    first = publishing.push_threshold(settings, experiment_id, "treatment", 0.75, "alice", "", client=client,
                                    expected_version=1)
     assert first.experiment.version == 2
-    with pytest.raises(control.VersionConflict, match="now at config version 2.*not version 1"):
-        control.push_threshold(settings, experiment_id, "treatment", 0.70, "bob", "", client=client,
+    with pytest.raises(publishing.VersionConflict, match="now at config version 2.*not version 1"):
+        publishing.push_threshold(settings, experiment_id, "treatment", 0.70, "bob", "", client=client,
                                expected_version=1)
     assert [m.experiment.version for m in _control_messages(settings.kafka)] == [2]
 
 
 def test_canary_promote_then_rollback_publishes_new_versions(env):
     settings, experiment_id, client = env
-    push = lambda change, v: control.publish_change(settings, experiment_id, change, "op", "t",
+    push = lambda change, v: publishing.publish_change(settings, experiment_id, change, "op", "t",
                                                    expected_version=v, client=client)
-    push(control.start_canary("treatment", 0.76, 0.2, 0.05, at_ms=1), 1)
-    promoted = push(control.promote_canary("treatment"), 2).experiment
+    push(publishing.start_canary("treatment", 0.76, 0.2, 0.05, at_ms=1), 1)
+    promoted = push(publishing.promote_canary("treatment"), 2).experiment
     assert promoted.version == 3 and promoted.arm("treatment").threshold == 0.76
     assert promoted.arm("treatment").canary is None
     history = queries.change_history(client, experiment_id)
-    previous = control.previous_config(history, promoted)
+    previous = publishing.previous_config(history, promoted)
     assert previous.version == 2 and previous.arm("treatment").canary is not None
-    rolled = push(control.restore_thresholds(previous), 3).experiment
+    rolled = push(publishing.restore_thresholds(previous), 3).experiment
     assert rolled.version == 4 and rolled.arm("treatment").threshold == 0.80 and rolled.arm("treatment").canary is None
     assert read_latest_configs(settings.kafka)[experiment_id].experiment.version == 4
     rows = queries.change_history(client, experiment_id)
@@ -58,40 +58,40 @@ def test_admin_api_pushes_are_audited_from_the_control_topic(env):
     audit rows from sync_audit, once; a racing loser on the topic is never audited."""
     from cache_core.control import publish_confirmed, publish_control
     settings, experiment_id, client = env
-    live = control.current_config(settings, experiment_id)
-    admin = control.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
+    live = publishing.current_config(settings, experiment_id)
+    admin = publishing.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
     publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops", ts_ms=5_000),
-                      base=control.file_configs(settings))
-    loser = control.set_threshold("control", 0.99)(live).model_copy(update={"version": 2})
+                      base=publishing.file_configs(settings))
+    loser = publishing.set_threshold("control", 0.99)(live).model_copy(update={"version": 2})
     publish_control(settings.kafka, ControlMessage(experiment=loser, actor="late", ts_ms=6_000))
-    assert control.sync_audit(settings, experiment_id, client) == [2]
+    assert publishing.sync_audit(settings, experiment_id, client) == [2]
     rows = queries.change_history(client, experiment_id)
     assert rows[["arm", "actor", "old_threshold", "new_threshold", "old_version", "new_version"]].values.tolist() == [
         ["treatment", "admin-api", 0.80, 0.75, 1, 2]]
-    assert rows["reason"].iloc[0] == f"ops {control.TOPIC_AUDIT_NOTE}"
+    assert rows["reason"].iloc[0] == f"ops {publishing.TOPIC_AUDIT_NOTE}"
     assert rows["ts"].iloc[0].timestamp() == 5.0
-    assert control.sync_audit(settings, experiment_id, client) == []  # already audited
+    assert publishing.sync_audit(settings, experiment_id, client) == []  # already audited
     # a sync that raced the pusher's own audit write left two rows for v2: the pusher's is shown
-    control.record_change(client, ControlMessage(experiment=admin, actor="admin-api", reason="pusher", ts_ms=5_000),
+    publishing.record_change(client, ControlMessage(experiment=admin, actor="admin-api", reason="pusher", ts_ms=5_000),
                           "treatment", 0.80, 1)
     rows = queries.change_history(client, experiment_id)
     assert rows[["new_version", "arm", "reason"]].values.tolist() == [[2, "treatment", "pusher"]]
     # the dashboard's next push builds on it and audits itself
-    pushed = control.push_threshold(settings, experiment_id, "control", 0.91, "op", "", client=client,
+    pushed = publishing.push_threshold(settings, experiment_id, "control", 0.91, "op", "", client=client,
                                     expected_version=2)
     assert pushed.experiment.arm("treatment").threshold == 0.75
-    assert control.sync_audit(settings, experiment_id, client) == []
+    assert publishing.sync_audit(settings, experiment_id, client) == []
     assert queries.audited_versions(client, experiment_id) == {2, 3}
 
 
 def test_cluster_threshold_push_is_audited(env):
     settings, experiment_id, client = env
-    msg = control.publish_change(settings, experiment_id, control.set_cluster_threshold("control", 7, 0.93),
+    msg = publishing.publish_change(settings, experiment_id, publishing.set_cluster_threshold("control", 7, 0.93),
                                  "op", "cluster 7 is risky", expected_version=1, client=client)
     assert msg.experiment.arm("control").cluster_thresholds == {7: 0.93}
     assert queries.change_history(client, experiment_id)["arm"].tolist() == ["control"]
     with pytest.raises(ValueError, match="nothing to push"):
-        control.publish_change(settings, experiment_id, control.set_cluster_threshold("control", 7, 0.93),
+        publishing.publish_change(settings, experiment_id, publishing.set_cluster_threshold("control", 7, 0.93),
                                "op", "", expected_version=2, client=client)
 
 

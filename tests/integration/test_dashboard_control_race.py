@@ -10,21 +10,21 @@ import pytest
 from cache_core.control import ControlListener
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import Settings
-from dashboard import control, queries
+from dashboard.control import publishing, queries
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_control import force_compaction, message, raw_send, topic_records, wait_for
 from tests.integration.test_dashboard_app import _control_messages
 
 pytestmark = pytest.mark.integration
 
-# A second process (like a second dashboard, or `python -m dashboard.autotune`): the
+# A second process (like a second dashboard, or `python -m dashboard.control.autotune`): the
 # in-process push lock cannot serialise it with ours.
 OTHER_PUSHER = """
 import json, sys
 from cache_core.settings import Settings
-from dashboard import control
+from dashboard.control import publishing
 settings = Settings.model_validate(json.loads(sys.argv[1]))
-pushed = control.push_threshold(settings, sys.argv[2], "treatment", 0.70, "bob", "race",
+pushed = publishing.push_threshold(settings, sys.argv[2], "treatment", 0.70, "bob", "race",
                                 expected_version=1)
 print(pushed.experiment.version)
 """
@@ -58,10 +58,10 @@ def test_racing_pushes_from_the_same_version_have_one_winner_everywhere(env):
             bob = subprocess.run([sys.executable, "-c", OTHER_PUSHER, _settings_json(settings), experiment_id],
                                  capture_output=True, text=True, timeout=120)
             assert bob.returncode == 0 and bob.stdout.strip() == "2", bob.stderr[-2000:]
-            return control.set_threshold("treatment", 0.75)(config)
+            return publishing.set_threshold("treatment", 0.75)(config)
 
-        with pytest.raises(control.VersionConflict, match="version 2 was claimed first by bob") as conflict:
-            control.publish_change(settings, experiment_id, alice_change, "alice", "race",
+        with pytest.raises(publishing.VersionConflict, match="version 2 was claimed first by bob") as conflict:
+            publishing.publish_change(settings, experiment_id, alice_change, "alice", "race",
                                    expected_version=1, client=client)
         assert conflict.value.lost.actor == "alice" and conflict.value.current.updated_by == "bob"
         pushed = [(m.actor, m.experiment.version) for m in _control_messages(settings.kafka)
@@ -87,7 +87,7 @@ def test_racing_pushes_from_the_same_version_have_one_winner_everywhere(env):
     finally:
         later.stop()
 
-    current = control.current_config(settings, experiment_id)
+    current = publishing.current_config(settings, experiment_id)
     assert (current.version, current.updated_by) == (2, "bob")
 
     history = queries.change_history(client, experiment_id)
@@ -97,7 +97,7 @@ def test_racing_pushes_from_the_same_version_have_one_winner_everywhere(env):
     assert [tuple(r) for r in definitions] == [(2, "bob")]
 
     # The loser reloads and pushes on top of the winner.
-    retry = control.push_threshold(settings, experiment_id, "treatment", 0.75, "alice", "retry",
+    retry = publishing.push_threshold(settings, experiment_id, "treatment", 0.75, "alice", "retry",
                                    expected_version=2, client=client)
     assert retry.experiment.version == 3 and retry.experiment.arm("treatment").threshold == 0.75
-    assert control.current_config(settings, experiment_id).updated_by == "alice"
+    assert publishing.current_config(settings, experiment_id).updated_by == "alice"

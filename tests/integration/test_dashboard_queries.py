@@ -1,4 +1,4 @@
-"""dashboard.queries against the real embedded warehouse, on seeded rows."""
+"""dashboard.control.queries against the real embedded warehouse, on seeded rows."""
 import uuid
 from datetime import timedelta
 
@@ -7,7 +7,7 @@ import pytest
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
-from dashboard import control, queries, tuning
+from dashboard.control import publishing, queries, tuning
 from tests.fixtures import dashboard_seed as seed
 
 pytestmark = pytest.mark.integration
@@ -89,9 +89,9 @@ def test_similarity_histogram_feeds_whatif(seeded):
     client, filters, *_ = seeded
     hist = queries.similarity_histogram(client, filters)
     assert hist["decisions"].sum() == 80
-    at_current = control.whatif_hit_rate(hist, 0.80).set_index("arm")
+    at_current = publishing.whatif_hit_rate(hist, 0.80).set_index("arm")
     assert at_current.at["treatment", "est_hit_rate"] == at_current.at["treatment", "observed_hit_rate"] == 0.75
-    assert control.whatif_hit_rate(hist, 0.85).set_index("arm").at["control", "est_hit_rate"] == 0.5
+    assert publishing.whatif_hit_rate(hist, 0.85).set_index("arm").at["control", "est_hit_rate"] == 0.5
 
 
 def test_cluster_examples_most_frequent_first(seeded):
@@ -116,9 +116,9 @@ def test_parameters_are_not_sql(seeded):
 def test_audit_rows_readable_by_queries(seeded):
     client, filters, experiment_id, tmp = seeded
     config = load_experiments(seed.experiments_file(tmp / "e.yaml", experiment_id))[experiment_id]
-    new = control.with_threshold(config, "treatment", 0.77, "tester", at_ms=filters.parameters()["end_ms"] - 90_000)
+    new = publishing.with_threshold(config, "treatment", 0.77, "tester", at_ms=filters.parameters()["end_ms"] - 90_000)
     msg = ControlMessage(experiment=new, actor="tester", reason="seeded", ts_ms=new.updated_at_ms)
-    control.record_change(client, msg, "treatment", 0.80, config.version)
+    publishing.record_change(client, msg, "treatment", 0.80, config.version)
     changes = queries.threshold_changes(client, filters)
     assert changes[["arm", "old_threshold", "new_threshold", "new_version"]].values.tolist() == [
         ["treatment", 0.80, 0.77, 2]]

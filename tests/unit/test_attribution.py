@@ -1,10 +1,10 @@
-"""dashboard.attribution: the mix/rate split adds up and attributes the right cause."""
+"""dashboard.control.attribution: the mix/rate split adds up and attributes the right cause."""
 import itertools
 
 import pandas as pd
 import pytest
 
-from dashboard import attribution
+from dashboard.control import attribution
 
 
 def _frame(cells):

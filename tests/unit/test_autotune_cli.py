@@ -1,7 +1,7 @@
-"""python -m dashboard.autotune: bad arguments get a one-line message and exit 2, before any I/O."""
+"""python -m dashboard.control.autotune: bad arguments get a one-line message and exit 2, before any I/O."""
 import pytest
 
-from dashboard import autotune
+from dashboard.control import autotune
 
 
 @pytest.mark.parametrize("args, message", [

@@ -107,7 +107,7 @@ def test_whatif_curve_marks_candidate():
 
 
 def test_waterfall_and_metric_and_tuning_charts():
-    from dashboard import attribution
+    from dashboard.control import attribution
     df = pd.DataFrame([{"arm": a, "intent_cluster": c, "requests": 50, "hits": h}
                        for a, c, h in [("A", 1, 10), ("A", 2, 30), ("B", 1, 20), ("B", 2, 30)]])
     steps = attribution.waterfall_frame(attribution.decompose(df, "intent_cluster", "A", "B"))

@@ -1,11 +1,11 @@
-"""dashboard.processing: the pandas glue between queries and pages."""
+"""dashboard.control.processing: the pandas glue between queries and pages."""
 from datetime import datetime, timezone
 
 import pandas as pd
 import pytest
 
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from dashboard import processing
+from dashboard.control import processing
 
 SUMMARY = pd.DataFrame({
     "arm": ["control", "treatment"], "requests": [1000, 1040], "hits": [611, 752],

@@ -1,4 +1,4 @@
-"""dashboard.stats against scipy/statsmodels on fixed inputs."""
+"""dashboard.control.stats against scipy/statsmodels on fixed inputs."""
 from functools import partial
 
 import numpy as np
@@ -10,7 +10,7 @@ from statsmodels.stats.proportion import (
     proportions_ztest,
 )
 
-from dashboard.stats import (
+from dashboard.control.stats import (
     ProportionStat,
     diff_of_proportions,
     srm_check,

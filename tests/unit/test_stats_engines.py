@@ -1,4 +1,4 @@
-"""Bayesian, sequential, one-sided bounds and Holm in dashboard.stats, against scipy/statsmodels."""
+"""Bayesian, sequential, one-sided bounds and Holm in dashboard.control.stats, against scipy/statsmodels."""
 import math
 import time
 
@@ -9,9 +9,9 @@ from scipy.special import betaln
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from dashboard import stats
-from dashboard.simulation import aa_simulation
-from dashboard.stats import ProportionStat
+from dashboard.control import stats
+from dashboard.control.simulation import aa_simulation
+from dashboard.control.stats import ProportionStat
 
 CONTROL = ProportionStat(n=1000, successes=611)
 TREATMENT = ProportionStat(n=1040, successes=652)

@@ -1,11 +1,11 @@
-"""dashboard.tuning: guarded threshold recommendations and canary verdicts."""
+"""dashboard.control.tuning: guarded threshold recommendations and canary verdicts."""
 import numpy as np
 import pandas as pd
 import pytest
 
 from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig
-from dashboard import control, tuning
-from dashboard.stats import ProportionStat
+from dashboard.control import publishing, tuning
+from dashboard.control.stats import ProportionStat
 
 NOW = 10_000_000
 
@@ -30,7 +30,7 @@ G = tuning.Guardrails(target_false_hit_rate=0.05, min_decisions=100, min_labelle
 def test_table_hit_rate_agrees_with_control_whatif():
     hist = _hist()
     table = tuning.threshold_table(hist, _labels(), [0.85]).iloc[0]
-    whatif = control.whatif_hit_rate(hist, 0.85).iloc[0]
+    whatif = publishing.whatif_hit_rate(hist, 0.85).iloc[0]
     assert table["est_hit_rate"] == pytest.approx(whatif["est_hit_rate"]) == pytest.approx(150 / 300)
     assert table["labelled"] == 750 and table["wrong"] == 15
 
@@ -199,7 +199,7 @@ def test_multi_whatif_counts_only_what_the_floor_and_margin_would_serve():
     assert c.at[0.85, "est_hits"] == 1500 and m.at[0.85, "est_hits"] == 1500 - 200
     assert m.at[0.95, "est_hits"] == c.at[0.95, "est_hits"] == 500  # no refusals up there
     assert m.at[0.85, "est_hit_rate"] < c.at[0.85, "est_hit_rate"]
-    whatif = control.whatif_hit_rate(multi, 0.85).iloc[0]
+    whatif = publishing.whatif_hit_rate(multi, 0.85).iloc[0]
     assert whatif["est_hits"] == m.at[0.85, "est_hits"]  # the control panel's what-if agrees
 
 

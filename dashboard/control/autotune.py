@@ -6,10 +6,10 @@ One run, for every experiment (or the ones named):
 2. each multi-similarity arm without a canary: ``tuning.recommend_multi`` over the
    lookback window picks its score floor and answer margin (replayed from the logged
    mixed scores, never under the lowest floor / margin they were logged at) and pushes
-   them with ``control.push_multi``, directly: the replay is exact there, the steps are
+   them with ``publishing.push_multi``, directly: the replay is exact there, the steps are
    small (``--max-step``) and the cool-down lets the next run see their effect. An arm held
    at its best replayable pair explores instead (``tuning.multi_exploration``): a canary
-   with the score floor one max step lower (``control.start_multi_canary``), judged in
+   with the score floor one max step lower (``publishing.start_multi_canary``), judged in
    step 1 like any canary. This comes before the thresholds: the floor / margin search
    reaches the band of false hits itself, where an over-target threshold can only rise by
    the max step;
@@ -24,15 +24,15 @@ One run, for every experiment (or the ones named):
    above the value it tried.
 
 A run first audits config versions that reached the control topic without audit rows
-(``control.sync_audit``: pushes through the cache's admin API). Every push uses the
+(``publishing.sync_audit``: pushes through the cache's admin API). Every push uses the
 version just read (optimistic concurrency) and lands in the audit table, so the
 cool-down applies to the next run; an arm changed earlier in a run (canary
 verdict, floor / margin) holds its other changes until the next one.
 
 CLI (any scheduler can run it)::
 
-    python -m dashboard.autotune --once [--experiment threshold-ab] [--dry-run]
-    python -m dashboard.autotune --every 300 --target 0.03 --clusters
+    python -m dashboard.control.autotune --once [--experiment threshold-ab] [--dry-run]
+    python -m dashboard.control.autotune --every 300 --target 0.03 --clusters
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ import pandas as pd
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, settings_or_exit
-from dashboard import control, queries, tuning
-from dashboard.stats import ProportionStat
+from dashboard.control import publishing, queries, tuning
+from dashboard.control.stats import ProportionStat
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> Propor
     return ProportionStat(correct + wrong, wrong)
 
 
-def _push(settings: Settings, config: ExperimentConfig, change: control.Change, actor: str, reason: str,
+def _push(settings: Settings, config: ExperimentConfig, change: publishing.Change, actor: str, reason: str,
           client, clock) -> ExperimentConfig:
-    message = control.publish_change(settings, config.experiment_id, change, actor, reason,
+    message = publishing.publish_change(settings, config.experiment_id, change, actor, reason,
                                      expected_version=config.version, client=client, clock=clock)
     return message.experiment
 
@@ -105,9 +105,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                     explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring). Explorations go
     out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
-    config, topic = control.live_state(settings, experiment_id)  # one read of the control topic
+    config, topic = publishing.live_state(settings, experiment_id)  # one read of the control topic
     if apply:  # admin-API pushes reach only the topic: audit them, so the history below is whole
-        control.sync_audit(settings, experiment_id, client, topic)
+        publishing.sync_audit(settings, experiment_id, client, topic)
     explore_share = 0.0 if not explore else canary_share if explore_share is None else explore_share
     actions: list[TuneAction] = []
     touched: set[str] = set()
@@ -120,7 +120,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                                           method=canary_method)
         applied = apply and decision.action != "continue"
         if applied:
-            change = control.promote_canary(arm.name) if decision.action == "promote" else control.rollback_canary(arm.name)
+            change = publishing.promote_canary(arm.name) if decision.action == "promote" else publishing.rollback_canary(arm.name)
             config = _push(settings, config, change, actor, f"canary {decision.action}: {decision.reason}", client, clock)
             touched.add(arm.name)
         actions.append(TuneAction(experiment_id, arm.name, None, "canary", decision.action, decision.reason,
@@ -154,12 +154,12 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                 f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
             share = explore_share if rec.action == "explore" else canary_share
             if rec.cluster is not None:
-                change = control.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
+                change = publishing.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
             elif share > 0:
-                change = control.start_canary(rec.arm, rec.recommended, share,
+                change = publishing.start_canary(rec.arm, rec.recommended, share,
                                               guardrails.target_false_hit_rate, at_ms=clock())
             else:
-                change = control.set_threshold(rec.arm, rec.recommended)
+                change = publishing.set_threshold(rec.arm, rec.recommended)
             config = _push(settings, config, change, actor, reason, client, clock)
             touched.add(rec.arm)
         actions.append(TuneAction(experiment_id, rec.arm, rec.cluster, "recommendation", rec.action, rec.reason,
@@ -171,12 +171,12 @@ def logged_configs(settings: Settings, client, config: ExperimentConfig, *, hist
                    topic: list[ControlMessage] | None = None) -> dict[int, ExperimentConfig]:
     """Every config version of the experiment known to the audit (``history``, else read), the
     experiments file, the control topic (``topic``, else read: admin-API pushes have no audit
-    rows until ``control.sync_audit``) and the live one."""
+    rows until ``publishing.sync_audit``) and the live one."""
     if history is None:
         history = queries.change_history(client, config.experiment_id)
     if topic is None:
-        topic = control.config_history(settings, config.experiment_id)
-    return tuning.configs_by_version(history, control.file_configs(settings).get(config.experiment_id),
+        topic = publishing.config_history(settings, config.experiment_id)
+    return tuning.configs_by_version(history, publishing.file_configs(settings).get(config.experiment_id),
                                      *[m.experiment for m in topic], config)
 
 
@@ -197,7 +197,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning
             rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
                           reason="cool-down: this arm changed earlier in this run")
         if apply and rec.action == "explore":
-            change = control.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
+            change = publishing.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
                                                 score_floor=rec.recommended_floor)
             config = _push(settings, config, change, actor, f"auto-tune: {rec.reason}", client, clock)
             touched.add(rec.arm)
@@ -207,7 +207,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning
                 ("answer margin", rec.current_margin, rec.recommended_margin)) if abs(old - new) > 1e-9]
             reason = (f"auto-tune: {'; '.join(moved)}: {rec.reason} (bound {rec.false_hit_upper:.2%} at "
                       f"{rec.labelled} labels)")
-            message = control.push_multi(settings, config.experiment_id, rec.arm, actor, reason,
+            message = publishing.push_multi(settings, config.experiment_id, rec.arm, actor, reason,
                                          score_floor=rec.recommended_floor, answer_margin=rec.recommended_margin,
                                          client=client, expected_version=config.version, clock=clock)
             config = message.experiment
@@ -222,7 +222,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning
 def known_experiments(settings: Settings) -> list[str]:
     """Experiment ids on the control topic or in the experiments file."""
     from cache_core.control import read_latest_configs
-    return sorted(set(read_latest_configs(settings.kafka)) | set(control.file_configs(settings)))
+    return sorted(set(read_latest_configs(settings.kafka)) | set(publishing.file_configs(settings)))
 
 
 def run_once(settings: Settings, guardrails: tuning.Guardrails, experiment_ids: Iterable[str] | None = None,
@@ -234,14 +234,14 @@ def run_once(settings: Settings, guardrails: tuning.Guardrails, experiment_ids: 
     for experiment_id in experiment_ids or known_experiments(settings):
         try:
             actions += tune_experiment(settings, experiment_id, guardrails, client=client, **options)
-        except (ValueError, control.AuditWriteError) as exc:
+        except (ValueError, publishing.AuditWriteError) as exc:
             log.warning("auto-tune skipped an experiment", extra={"experiment_id": experiment_id, "error": str(exc)})
             actions.append(TuneAction(experiment_id, "", None, "recommendation", "error", str(exc), False))
     return actions
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dashboard.autotune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dashboard.control.autotune", description=__doc__.split("\n\n")[0])
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--once", action="store_true", help="run one pass and exit")
     when.add_argument("--every", type=float, metavar="SECONDS", help="run a pass every SECONDS until stopped")

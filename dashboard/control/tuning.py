@@ -52,7 +52,7 @@ import pandas as pd
 
 from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.experiments import CanaryConfig, ExperimentConfig
-from dashboard.stats import DEFAULT_ALPHA, ProportionStat, lower_bound, rate_vs_target, upper_bound
+from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat, lower_bound, rate_vs_target, upper_bound
 
 BIN_WIDTH = 0.001
 """Similarity bin of queries.similarity_histogram / labelled_similarity (similarity_milli)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from dashboard.stats import DEFAULT_ALPHA, DEFAULT_MIXTURE_SD, ProportionStat, sequential_test
+from dashboard.control.stats import DEFAULT_ALPHA, DEFAULT_MIXTURE_SD, ProportionStat, sequential_test
 
 
 @dataclass(frozen=True)

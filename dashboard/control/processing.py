@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
-from dashboard.stats import (
+from dashboard.control.stats import (
     ProportionStat,
     SrmResult,
     bayes_compare,

@@ -8,7 +8,7 @@ threshold, canary start / promote / rollback, a multi arm's score floor / answer
 margin, or a restore of an earlier config's thresholds), publishes the full new
 config with ``version + 1`` on the control topic, then confirms it won: it folds the
 topic up to its own record, and if another push claimed that version first (two
-dashboards, or a person and ``dashboard.autotune``, racing from the same version),
+dashboards, or a person and ``dashboard.control.autotune``, racing from the same version),
 raises VersionConflict naming the winner. Only a confirmed push is recorded in
 ClickHouse: one audit row per changed arm in ``threshold_changes`` and the new
 definition in ``experiments``; the loser's record stays on the topic but wins
@@ -34,8 +34,8 @@ from cache_core.experiments import (ArmConfig, CanaryConfig, ExperimentConfig, M
                                     load_experiments)
 from cache_core.registry import Winner
 from cache_core.settings import Settings
-from dashboard.queries import TOPIC_AUDIT_NOTE
-from dashboard.tuning import servable
+from dashboard.control.queries import TOPIC_AUDIT_NOTE
+from dashboard.control.tuning import servable
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ def sync_audit(settings: Settings, experiment_id: str, client,
     settings changed), with the message's actor, time and reason (marked
     ``TOPIC_AUDIT_NOTE``). ``history``: ``config_history`` if already read. Returns the
     versions written; raises ControlError when the topic cannot be read."""
-    from dashboard.queries import audited_versions
+    from dashboard.control.queries import audited_versions
 
     base = file_configs(settings)
     if history is None:
@@ -525,7 +525,7 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     ``similarity_milli`` bin, decisions / hits / guard_blocks. A decision counts as
     an estimated hit when its top-1 similarity reaches the threshold and no guard
     blocked it (nor, for a multi arm, its current score floor / answer margin:
-    ``multi_blocks``; see dashboard.tuning for where that replay holds). First-order
+    ``multi_blocks``; see dashboard.control.tuning for where that replay holds). First-order
     estimate: it holds the cache's contents fixed, while a different threshold would
     also change what got stored and evicted.
     """
