@@ -24,7 +24,9 @@ from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
 from cache_core.settings import Settings, get_settings
 from dashboard.control import attribution as attribution_mod
 from dashboard import charts, data
-from dashboard.control import autotune, processing, publishing, queries, tuning
+from dashboard.control import autotune, changes, processing, publishing, queries, tuning, tuning_multi, whatif
+from dashboard.control.canary import configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
+from dashboard.control.guardrails import Guardrails
 from dashboard.control.queries import Filters
 from dashboard.control.stats import ProportionStat
 
@@ -179,11 +181,11 @@ def time_series(view: View) -> None:
     else:
         series = series.assign(false_hit_rate=None)
     metric = st.selectbox("Metric", list(charts.METRICS), format_func=lambda m: charts.METRICS[m][0], key="ts_metric")
-    changes = data.run(view.settings, "threshold_changes", view.filters)
-    st.altair_chart(charts.metric_over_time(series, metric, changes), use_container_width=True)
+    audit = data.run(view.settings, "threshold_changes", view.filters)
+    st.altair_chart(charts.metric_over_time(series, metric, audit), use_container_width=True)
     st.caption(f"{bucket_s}s buckets; dashed lines mark threshold changes.")
-    if not changes.empty:
-        st.dataframe(changes, hide_index=True)
+    if not audit.empty:
+        st.dataframe(audit, hide_index=True)
 
 
 def attribution(view: View) -> None:
@@ -363,13 +365,13 @@ def change_section(view: View, config) -> None:
     reason = st.text_input("Reason", key="ctl_reason")
     if st.button("Push", type="primary", key="ctl_push"):
         if cluster is not None:
-            change = lambda: publishing.set_cluster_threshold(arm, cluster, threshold)
+            change = lambda: changes.set_cluster_threshold(arm, cluster, threshold)
             what = f"{arm} cluster {cluster} threshold {threshold:.3f}"
         elif mode == "canary":
-            change = lambda: publishing.start_canary(arm, threshold, share, target, at_ms=now_ms())
+            change = lambda: changes.start_canary(arm, threshold, share, target, at_ms=now_ms())
             what = f"{arm} canary at {threshold:.3f} on {share:.0%} of units"
         else:
-            change = lambda: publishing.set_threshold(arm, threshold)
+            change = lambda: changes.set_threshold(arm, threshold)
             what = f"{arm} threshold {threshold:.3f}"
         act_and_reload(view, change, reason, what)
     if config.arm(arm).similarity == "multi":
@@ -389,7 +391,7 @@ def invalidation_push_section(view: View, config, arm: str) -> None:
     reason = cols[1].text_input("Reason", key="ctl_invalidate_reason")
     if st.button(f"Push wrong-answer removal of {arm}", key="ctl_invalidate_push"):
         moved = f"users before removal {current} → {users}"  # the audit's threshold columns do not move
-        act_and_reload(view, lambda: publishing.set_invalidate_after(arm, users),
+        act_and_reload(view, lambda: changes.set_invalidate_after(arm, users),
                        "; ".join([moved, reason.strip()]) if reason.strip() else moved,
                        f"{arm} removes entries after {users} users' wrong verdicts")
 
@@ -424,10 +426,10 @@ def multi_push_section(view: View, config, arm: str) -> None:
         changed = dict(score_floor=floor if floor != multi.threshold else None,
                        answer_margin=margin if margin != multi.answer_margin else None)
         if mode == "canary":
-            change = lambda: publishing.start_multi_canary(arm, share, target, now_ms(), **changed)
+            change = lambda: changes.start_multi_canary(arm, share, target, now_ms(), **changed)
             what = f"{arm} canary with score floor {floor:.3f}, answer margin {margin:.3f} on {share:.0%} of units"
         else:
-            change = lambda: publishing.set_multi(arm, score_floor=floor, answer_margin=margin)
+            change = lambda: changes.set_multi(arm, score_floor=floor, answer_margin=margin)
             what = f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}"
         act_and_reload(view, change, "; ".join(moved + [reason.strip()] if reason.strip() else moved), what)
 
@@ -435,7 +437,7 @@ def multi_push_section(view: View, config, arm: str) -> None:
 def logged_history(view: View, config) -> tuple[pd.DataFrame, dict]:
     """The experiment's audit rows and every config version they, the file and ``config`` know."""
     history = data.run(view.settings, "change_history", view.experiment_id)
-    return history, tuning.configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id),
+    return history, configs_by_version(history, data.file_configs(view.settings).get(view.experiment_id),
                                               config)
 
 
@@ -451,16 +453,16 @@ def multi_recommendation(view: View, config, arm: str) -> None:
     last = data.run(view.settings, "last_changes", view.experiment_id)
     last_ms = queries.last_change_ms(last)
     guardrails, now = page_guardrails(view), now_ms()
-    recs = [r for r in tuning.recommend_multi_all(config, hist, configs, guardrails, now_ms=now,
+    recs = [r for r in tuning_multi.recommend_multi_all(config, hist, configs, guardrails, now_ms=now,
                                                   last_change_ms=last_ms) if r.arm == arm]
     if not recs:
         st.caption(f"Auto-tune: {arm} has a running canary; its floor / margin are tuned after it ends.")
         return
     rec = recs[0]
     pct = lambda x: "—" if x is None or pd.isna(x) else f"{x:.1%}"
-    failed = tuning.last_failed_try(tuning.rolled_back_canaries(history, configs), arm, "score_floor", now,
+    failed = last_failed_try(rolled_back_canaries(history, configs), arm, "score_floor", now,
                                     guardrails)
-    probe = tuning.multi_exploration(rec, failed) or rec
+    probe = tuning_multi.multi_exploration(rec, failed) or rec
     if probe.action == "explore":
         st.info(f"Auto-tune would explore on a canary: {probe.reason}. Est. hit rate there "
                 f"{pct(probe.recommended_hit_rate)} (now {pct(rec.current_hit_rate)}); its false-hit rate is "
@@ -499,7 +501,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
         return
     scoped = hist if cluster is None else hist[hist["intent_cluster"] == cluster]
     labelled = optional(view, "labelled_similarity", view.filters, rules)
-    estimate = publishing.whatif_hit_rate(scoped, threshold)
+    estimate = whatif.whatif_hit_rate(scoped, threshold)
     row = estimate[estimate["arm"] == arm]
     cols = st.columns(2)
     if not row.empty:
@@ -507,7 +509,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
                        delta=f"{row['est_hit_rate'].iloc[0] - row['observed_hit_rate'].iloc[0]:+.1%} vs observed")
     if labelled is not None:
         mine = labelled[(labelled["arm"] == arm) & ((cluster is None) | (labelled["intent_cluster"] == cluster))]
-        fh = tuning.threshold_table(scoped[scoped["arm"] == arm], mine, [threshold]).iloc[0]
+        fh = whatif.threshold_table(scoped[scoped["arm"] == arm], mine, [threshold]).iloc[0]
         if fh["labelled"]:
             cols[1].metric(f"Estimated false-hit rate at {threshold:.3f}", f"{fh['false_hit_rate']:.1%}",
                            help=f"{fh['wrong']} wrong of {fh['labelled']} labelled hits at or above the threshold")
@@ -515,7 +517,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
                             + ("" if fh["supported"] else " — below the lowest labelled similarity: extrapolated"))
         else:
             cols[1].caption("No feedback-labelled hits at or above this threshold.")
-    curve = tuning.drop_unreplayable(publishing.whatif_curve(scoped), scoped)
+    curve = whatif.drop_unreplayable(whatif.whatif_curve(scoped), scoped)
     st.altair_chart(charts.whatif_curve(curve, threshold), use_container_width=True)
     st.caption("First-order estimate from logged top-1 similarities: it holds the cache contents fixed.")
     rule = next((r for r in rules if r.arm == arm), None)
@@ -526,7 +528,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
 
 def multi_whatif_notes(view: View, rule: queries.MultiRule, arm_hist, threshold: float) -> None:
     """What the threshold what-if of a multi arm can and cannot replay."""
-    floor = tuning.replay_floor(arm_hist)
+    floor = whatif.replay_floor(arm_hist)
     st.caption(f"{rule.arm} is a multi-similarity arm: a decision counts as a hit only if its logged mixed score "
                f"also reaches the floor {rule.score_floor:.3f} and leads the best other answer by "
                f"{rule.answer_margin:.3f} (the arm's current settings, same weights, guards aside). Scores were "
@@ -544,8 +546,8 @@ def margin_whatif(view: View, rule: queries.MultiRule, arm_hist, rules) -> None:
     if margins is None:
         return
     with st.expander(f"Answer-margin what-if for {rule.arm} (whole arm, cosine thresholds as logged)"):
-        table = tuning.margin_table(margins[margins["arm"] == rule.arm], int(arm_hist["decisions"].sum()),
-                                    tuning.margin_grid(rule.answer_margin))
+        table = whatif.margin_table(margins[margins["arm"] == rule.arm], int(arm_hist["decisions"].sum()),
+                                    whatif.margin_grid(rule.answer_margin))
         pct = lambda label: st.column_config.NumberColumn(label, format="percent")
         st.dataframe(table, hide_index=True, column_config={
             "est_hit_rate": pct("est. hit rate"), "false_hit_rate": pct("false-hit rate"),
@@ -576,17 +578,17 @@ def canary_section(view: View, config) -> None:
         canary_rows = stats[stats["variant"] == "canary"] if stats is not None else None
         n_wrong = (0, 0) if canary_rows is None else (
             int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
-        decision = tuning.evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
+        decision = evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
         st.markdown(f"**{arm.name}**: {canary_summary(arm)} on {arm.canary.share:.0%} of units; verdict "
                     f"**{decision.action}** — {decision.reason}.")
         if stats is not None:
             st.dataframe(stats, hide_index=True)
         c1, c2 = st.columns(2)
         if c1.button(f"Promote {arm.name} canary", key=f"ctl_promote_{arm.name}"):
-            act_and_reload(view, lambda a=arm.name: publishing.promote_canary(a), f"promote: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: changes.promote_canary(a), f"promote: {decision.reason}",
                 f"{arm.name} canary promoted")
         if c2.button(f"Roll back {arm.name} canary", key=f"ctl_canary_rollback_{arm.name}"):
-            act_and_reload(view, lambda a=arm.name: publishing.rollback_canary(a), f"rollback: {decision.reason}",
+            act_and_reload(view, lambda a=arm.name: changes.rollback_canary(a), f"rollback: {decision.reason}",
                 f"{arm.name} canary rolled back")
 
 
@@ -595,17 +597,17 @@ def _guardrail_defaults(view: View) -> dict:
             "tune_max_step": 0.03, "tune_cooldown": 1800}
 
 
-def _guardrails(target, min_labelled, max_step, cooldown) -> tuning.Guardrails:
-    return tuning.Guardrails(target_false_hit_rate=float(target), min_labelled=int(min_labelled),
+def _guardrails(target, min_labelled, max_step, cooldown) -> Guardrails:
+    return Guardrails(target_false_hit_rate=float(target), min_labelled=int(min_labelled),
                              max_step=float(max_step), cooldown_s=float(cooldown), min_decisions=200)
 
 
-def page_guardrails(view: View) -> tuning.Guardrails:
+def page_guardrails(view: View) -> Guardrails:
     """The auto-tune section's guardrails as last set (its inputs are drawn further down the page)."""
     return _guardrails(*(st.session_state.get(k, v) for k, v in _guardrail_defaults(view).items()))
 
 
-def guardrails_from_page(view: View) -> tuning.Guardrails:
+def guardrails_from_page(view: View) -> Guardrails:
     d = _guardrail_defaults(view)
     cols = st.columns(4)
     target = cols[0].number_input("Target false-hit rate", 0.001, 0.5, d["tune_target"], 0.005, format="%.3f",
@@ -637,8 +639,8 @@ def autotune_section(view: View, config) -> None:
                                  "on a canary, where no labels exist yet.")
     shares = canary_shares(as_canary)
     if as_canary:
-        failed, now = tuning.rolled_back_canaries(*logged_history(view, config)), now_ms()
-        recs = [tuning.exploration(r, tuning.last_failed_try(failed, r.arm, "threshold", now, guardrails)) or r
+        failed, now = rolled_back_canaries(*logged_history(view, config)), now_ms()
+        recs = [tuning.exploration(r, last_failed_try(failed, r.arm, "threshold", now, guardrails)) or r
                 for r in recs]
     table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,
               "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
@@ -665,20 +667,20 @@ def autotune_section(view: View, config) -> None:
                    "Their score floor / answer margin recommendation is shown next to its inputs in the change "
                    "section; the scheduled and command-line auto-tune push a change directly and an exploration "
                    "(a lower floor the logs cannot replay) as a canary.")
-    changes = [r for r in recs if r.action in ("change", "explore")]
-    if changes and st.button(f"Apply {len(changes)} recommendation(s)", key="tune_apply"):
+    to_apply = [r for r in recs if r.action in ("change", "explore")]
+    if to_apply and st.button(f"Apply {len(to_apply)} recommendation(s)", key="tune_apply"):
         if not authorized(view):
             return
-        for r in changes:
+        for r in to_apply:
             if r.cluster is not None:
-                change = lambda r=r: publishing.set_cluster_threshold(r.arm, r.cluster, r.recommended)
+                change = lambda r=r: changes.set_cluster_threshold(r.arm, r.cluster, r.recommended)
             elif as_canary:
                 share = shares.explore if r.action == "explore" else shares.change
-                change = lambda r=r, share=share: publishing.start_canary(r.arm, r.recommended, share,
+                change = lambda r=r, share=share: changes.start_canary(r.arm, r.recommended, share,
                                                                       guardrails.target_false_hit_rate,
                                                                       at_ms=now_ms())
             else:
-                change = lambda r=r: publishing.set_threshold(r.arm, r.recommended)
+                change = lambda r=r: changes.set_threshold(r.arm, r.recommended)
             if not act(view, change, f"auto-tune recommendation: {r.reason}",
                        f"{r.arm}{'' if r.cluster is None else f' cluster {r.cluster}'} → {r.recommended:.3f}"):
                 break
@@ -708,7 +710,7 @@ def canary_shares(as_canary: bool) -> CanaryShares:
     return CanaryShares(float(change), float(explore))
 
 
-def scheduled_autotune(view: View, guardrails: tuning.Guardrails, per_cluster: bool, shares: CanaryShares) -> None:
+def scheduled_autotune(view: View, guardrails: Guardrails, per_cluster: bool, shares: CanaryShares) -> None:
     every = st.number_input("Re-tune every (s)", 30, 86400, 300, 30, key="tune_every")
     on = st.toggle("Auto-tune on a schedule while this page is open", key="tune_scheduled")
     st.caption("Unattended: run `python -m dashboard.control.autotune --every N` under any scheduler; it applies the same "
@@ -745,7 +747,7 @@ def history_section(view: View, config) -> None:
         return
     st.dataframe(history.drop(columns=["config_json"]), hide_index=True)
     file_config = data.file_configs(view.settings).get(view.experiment_id)
-    previous = publishing.previous_config(history, config, fallback=file_config)
+    previous = changes.previous_config(history, config, fallback=file_config)
     if previous is None:
         return
     now = {a.name: a.invalidate_after_wrong for a in config.arms}
@@ -754,7 +756,7 @@ def history_section(view: View, config) -> None:
         f" removal after {a.invalidate_after_wrong}" if now.get(a.name, a.invalidate_after_wrong)
         != a.invalidate_after_wrong else "") for a in previous.arms)
     if st.button(f"Roll back to version {previous.version} ({thresholds})", key="ctl_rollback"):
-        act_and_reload(view, lambda: publishing.restore_thresholds(previous), f"rollback to version {previous.version}",
+        act_and_reload(view, lambda: changes.restore_thresholds(previous), f"rollback to version {previous.version}",
             f"thresholds (and multi settings) of version {previous.version}")
 
 

@@ -1,15 +1,15 @@
 """Scheduled threshold tuning: evaluate running canaries, then recommend and push changes.
 
 One run, for every experiment (or the ones named):
-1. each arm with a canary: ``tuning.evaluate_canary`` on the canary's labelled hits
+1. each arm with a canary: ``evaluate_canary`` on the canary's labelled hits
    since it started; promote or roll back when the verdict is confident;
-2. each multi-similarity arm without a canary: ``tuning.recommend_multi`` over the
+2. each multi-similarity arm without a canary: ``tuning_multi.recommend_multi`` over the
    lookback window picks its score floor and answer margin (replayed from the logged
    mixed scores, never under the lowest floor / margin they were logged at) and pushes
    them with ``publishing.push_multi``, directly: the replay is exact there, the steps are
    small (``--max-step``) and the cool-down lets the next run see their effect. An arm held
-   at its best replayable pair explores instead (``tuning.multi_exploration``): a canary
-   with the score floor one max step lower (``publishing.start_multi_canary``), judged in
+   at its best replayable pair explores instead (``tuning_multi.multi_exploration``): a canary
+   with the score floor one max step lower (``changes.start_multi_canary``), judged in
    step 1 like any canary. This comes before the thresholds: the floor / margin search
    reaches the band of false hits itself, where an over-target threshold can only rise by
    the max step;
@@ -51,7 +51,9 @@ import pandas as pd
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, settings_or_exit
-from dashboard.control import publishing, queries, tuning
+from dashboard.control import changes, publishing, queries, tuning, tuning_multi
+from dashboard.control.guardrails import Guardrails
+from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
 
 log = logging.getLogger(__name__)
@@ -91,14 +93,14 @@ def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> Propor
     return ProportionStat(correct + wrong, wrong)
 
 
-def _push(settings: Settings, config: ExperimentConfig, change: publishing.Change, actor: str, reason: str,
+def _push(settings: Settings, config: ExperimentConfig, change: changes.Change, actor: str, reason: str,
           client, clock) -> ExperimentConfig:
     message = publishing.publish_change(settings, config.experiment_id, change, actor, reason,
                                      expected_version=config.version, client=client, clock=clock)
     return message.experiment
 
 
-def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.Guardrails, *, client,
+def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrails, *, client,
                     apply: bool = True, actor: str = "autotune", lookback_s: float = DEFAULT_LOOKBACK_S,
                     clusters: bool = False, canary_share: float = DEFAULT_CANARY_SHARE,
                     canary_method: Literal["sequential", "bound"] = "sequential", explore: bool = True,
@@ -114,13 +116,13 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     for arm in config.arms:
         if arm.canary is None:
             continue
-        decision = tuning.evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name,
+        decision = evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name,
                                                                     arm.canary.started_at_ms),
                                           min_labelled=guardrails.min_labelled, alpha=guardrails.alpha,
                                           method=canary_method)
         applied = apply and decision.action != "continue"
         if applied:
-            change = publishing.promote_canary(arm.name) if decision.action == "promote" else publishing.rollback_canary(arm.name)
+            change = changes.promote_canary(arm.name) if decision.action == "promote" else changes.rollback_canary(arm.name)
             config = _push(settings, config, change, actor, f"canary {decision.action}: {decision.reason}", client, clock)
             touched.add(arm.name)
         actions.append(TuneAction(experiment_id, arm.name, None, "canary", decision.action, decision.reason,
@@ -132,7 +134,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
     last_ms = queries.last_change_ms(last)
     history = queries.change_history(client, experiment_id)
     configs = logged_configs(settings, client, config, history=history, topic=topic)
-    failed = tuning.rolled_back_canaries(history, configs)
+    failed = rolled_back_canaries(history, configs)
     # Multi arms' what-if re-applies their current score floor / answer margin to the logs.
     rules = queries.multi_rules(config)
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
@@ -144,7 +146,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                              configs=configs, failed=failed, clock=clock)
     for rec in recommendations:
         if explore_share > 0 and rec.arm not in touched:
-            rec = tuning.exploration(rec, tuning.last_failed_try(failed, rec.arm, "threshold", now, guardrails)) or rec
+            rec = tuning.exploration(rec, last_failed_try(failed, rec.arm, "threshold", now, guardrails)) or rec
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
                                         "cool-down: this arm changed earlier in this run")
@@ -154,12 +156,12 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: tuning.G
                 f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
             share = explore_share if rec.action == "explore" else canary_share
             if rec.cluster is not None:
-                change = publishing.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
+                change = changes.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
             elif share > 0:
-                change = publishing.start_canary(rec.arm, rec.recommended, share,
+                change = changes.start_canary(rec.arm, rec.recommended, share,
                                               guardrails.target_false_hit_rate, at_ms=clock())
             else:
-                change = publishing.set_threshold(rec.arm, rec.recommended)
+                change = changes.set_threshold(rec.arm, rec.recommended)
             config = _push(settings, config, change, actor, reason, client, clock)
             touched.add(rec.arm)
         actions.append(TuneAction(experiment_id, rec.arm, rec.cluster, "recommendation", rec.action, rec.reason,
@@ -176,28 +178,28 @@ def logged_configs(settings: Settings, client, config: ExperimentConfig, *, hist
         history = queries.change_history(client, config.experiment_id)
     if topic is None:
         topic = publishing.config_history(settings, config.experiment_id)
-    return tuning.configs_by_version(history, publishing.file_configs(settings).get(config.experiment_id),
+    return configs_by_version(history, publishing.file_configs(settings).get(config.experiment_id),
                                      *[m.experiment for m in topic], config)
 
 
-def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: tuning.Guardrails, filters, rules,
+def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: Guardrails, filters, rules,
                 touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
                 apply: bool, actor: str, explore_share: float, configs: dict[int, ExperimentConfig],
-                failed: list[tuning.RolledBack], clock: Callable[[], int]) -> ExperimentConfig:
+                failed: list[RolledBack], clock: Callable[[], int]) -> ExperimentConfig:
     """Step 2 of the module docstring for multi arms' score floor and answer margin (changes
     pushed directly, explorations as a canary on ``explore_share``, 0: none); appends to
     ``actions`` and returns the config after its pushes."""
-    recommendations = tuning.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
+    recommendations = tuning_multi.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
                                                  configs, guardrails, now_ms=now, last_change_ms=last_ms)
     for rec in recommendations:
         if explore_share > 0 and rec.arm not in touched:
-            rec = tuning.multi_exploration(
-                rec, tuning.last_failed_try(failed, rec.arm, "score_floor", now, guardrails)) or rec
+            rec = tuning_multi.multi_exploration(
+                rec, last_failed_try(failed, rec.arm, "score_floor", now, guardrails)) or rec
         if rec.arm in touched and rec.action == "change":
             rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
                           reason="cool-down: this arm changed earlier in this run")
         if apply and rec.action == "explore":
-            change = publishing.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
+            change = changes.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
                                                 score_floor=rec.recommended_floor)
             config = _push(settings, config, change, actor, f"auto-tune: {rec.reason}", client, clock)
             touched.add(rec.arm)
@@ -225,7 +227,7 @@ def known_experiments(settings: Settings) -> list[str]:
     return sorted(set(read_latest_configs(settings.kafka)) | set(publishing.file_configs(settings)))
 
 
-def run_once(settings: Settings, guardrails: tuning.Guardrails, experiment_ids: Iterable[str] | None = None,
+def run_once(settings: Settings, guardrails: Guardrails, experiment_ids: Iterable[str] | None = None,
              **options) -> list[TuneAction]:
     """``tune_experiment`` for each experiment; one failing experiment does not stop the rest."""
     from cache_core.chclient import connect
@@ -264,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
                         "canary (default: explore when the explore share > 0)")
     p.add_argument("--explore-share", type=float, default=None,
                    help="share of an arm's units an exploration runs on (default: --canary-share)")
-    p.add_argument("--explore-memory-s", type=float, default=tuning.Guardrails.explore_memory_s,
+    p.add_argument("--explore-memory-s", type=float, default=Guardrails.explore_memory_s,
                    help="how long a rolled-back canary keeps explorations above the value it tried "
                         "(default: 7 days)")
     p.add_argument("--dry-run", action="store_true",
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = settings_or_exit("autotune")
     try:
-        guardrails = tuning.Guardrails(
+        guardrails = Guardrails(
             target_false_hit_rate=args.target if args.target is not None else settings.dashboard.target_false_hit_rate,
             alpha=args.alpha, min_decisions=args.min_decisions, min_labelled=args.min_labelled,
             max_step=args.max_step, cooldown_s=args.cooldown_s, explore_memory_s=args.explore_memory_s)

@@ -130,12 +130,12 @@ def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(m
     (before, only the live version and audited ones were known), and a real run audits both."""
     from cache_core.control import publish_confirmed
     from cache_core.events import ControlMessage
-    from dashboard.control import publishing
+    from dashboard.control import changes, publishing
     experiment_id, client = multi_env
     settings = get_settings()
     live = publishing.current_config(settings, experiment_id)
     for version, threshold in ((2, 0.82), (3, 0.83)):
-        admin = publishing.set_threshold("treatment", threshold)(live).model_copy(update={"version": version})
+        admin = changes.set_threshold("treatment", threshold)(live).model_copy(update={"version": version})
         publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api"),
                           base=publishing.file_configs(settings))
     ts_ms = int(datetime.now(timezone.utc).timestamp() * 1000) - 1000

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from cache_core.chclient import connect
 from cache_core.events import ControlMessage
 from cache_core.settings import get_settings
-from dashboard.control import publishing, queries
+from dashboard.control import changes, publishing, queries
 from infra.runtime import REPO_ROOT
 from tests.fixtures import dashboard_seed as seed
 
@@ -219,7 +219,7 @@ def test_reload_audits_a_version_pushed_past_the_dashboard(app_env, ch_settings,
     at = start()
     settings = get_settings()
     live = publishing.current_config(settings, experiment_id)
-    admin = publishing.set_threshold("treatment", 0.74)(live).model_copy(update={"version": 2})
+    admin = changes.set_threshold("treatment", 0.74)(live).model_copy(update={"version": 2})
     publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops"),
                       base=publishing.file_configs(settings))
     at.button(key="ctl_reload").click().run()
@@ -294,8 +294,8 @@ def test_autotune_explores_a_smaller_step_after_a_rolled_back_canary(app_env, ch
     client = connect(ch_settings)
     seed.seed_tuning(client, experiment_id, datetime.now(timezone.utc))
     settings = get_settings()
-    for change, version in ((publishing.start_canary("treatment", 0.77, 0.1, 0.05, at_ms=1), 1),
-                            (publishing.rollback_canary("treatment"), 2)):
+    for change, version in ((changes.start_canary("treatment", 0.77, 0.1, 0.05, at_ms=1), 1),
+                            (changes.rollback_canary("treatment"), 2)):
         publishing.publish_change(settings, experiment_id, change, "op", "t", expected_version=version, client=client)
     client.close()
     at = start()

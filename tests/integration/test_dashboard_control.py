@@ -5,7 +5,9 @@ import pytest
 
 from cache_core.control import read_latest_configs
 from cache_core.events import ControlMessage
-from dashboard.control import autotune, publishing, queries, tuning
+from dashboard.control import autotune, changes, publishing, queries
+from dashboard.control.guardrails import Guardrails
+from dashboard.control.canary import rolled_back_canaries
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_dashboard_app import _control_messages
 
@@ -38,14 +40,14 @@ def test_canary_promote_then_rollback_publishes_new_versions(env):
     settings, experiment_id, client = env
     push = lambda change, v: publishing.publish_change(settings, experiment_id, change, "op", "t",
                                                    expected_version=v, client=client)
-    push(publishing.start_canary("treatment", 0.76, 0.2, 0.05, at_ms=1), 1)
-    promoted = push(publishing.promote_canary("treatment"), 2).experiment
+    push(changes.start_canary("treatment", 0.76, 0.2, 0.05, at_ms=1), 1)
+    promoted = push(changes.promote_canary("treatment"), 2).experiment
     assert promoted.version == 3 and promoted.arm("treatment").threshold == 0.76
     assert promoted.arm("treatment").canary is None
     history = queries.change_history(client, experiment_id)
-    previous = publishing.previous_config(history, promoted)
+    previous = changes.previous_config(history, promoted)
     assert previous.version == 2 and previous.arm("treatment").canary is not None
-    rolled = push(publishing.restore_thresholds(previous), 3).experiment
+    rolled = push(changes.restore_thresholds(previous), 3).experiment
     assert rolled.version == 4 and rolled.arm("treatment").threshold == 0.80 and rolled.arm("treatment").canary is None
     assert read_latest_configs(settings.kafka)[experiment_id].experiment.version == 4
     rows = queries.change_history(client, experiment_id)
@@ -59,10 +61,10 @@ def test_admin_api_pushes_are_audited_from_the_control_topic(env):
     from cache_core.control import publish_confirmed, publish_control
     settings, experiment_id, client = env
     live = publishing.current_config(settings, experiment_id)
-    admin = publishing.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
+    admin = changes.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})
     publish_confirmed(settings.kafka, ControlMessage(experiment=admin, actor="admin-api", reason="ops", ts_ms=5_000),
                       base=publishing.file_configs(settings))
-    loser = publishing.set_threshold("control", 0.99)(live).model_copy(update={"version": 2})
+    loser = changes.set_threshold("control", 0.99)(live).model_copy(update={"version": 2})
     publish_control(settings.kafka, ControlMessage(experiment=loser, actor="late", ts_ms=6_000))
     assert publishing.sync_audit(settings, experiment_id, client) == [2]
     rows = queries.change_history(client, experiment_id)
@@ -86,12 +88,12 @@ def test_admin_api_pushes_are_audited_from_the_control_topic(env):
 
 def test_cluster_threshold_push_is_audited(env):
     settings, experiment_id, client = env
-    msg = publishing.publish_change(settings, experiment_id, publishing.set_cluster_threshold("control", 7, 0.93),
+    msg = publishing.publish_change(settings, experiment_id, changes.set_cluster_threshold("control", 7, 0.93),
                                  "op", "cluster 7 is risky", expected_version=1, client=client)
     assert msg.experiment.arm("control").cluster_thresholds == {7: 0.93}
     assert queries.change_history(client, experiment_id)["arm"].tolist() == ["control"]
     with pytest.raises(ValueError, match="nothing to push"):
-        publishing.publish_change(settings, experiment_id, publishing.set_cluster_threshold("control", 7, 0.93),
+        publishing.publish_change(settings, experiment_id, changes.set_cluster_threshold("control", 7, 0.93),
                                "op", "", expected_version=2, client=client)
 
 
@@ -113,7 +115,7 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
         pytest.fail("feedback_raw / feedback_agg migrations are not in infra/clickhouse/migrations yet")
     now = datetime.now(timezone.utc)
     seed.seed_tuning(client, experiment_id, now)
-    guardrails = tuning.Guardrails(target_false_hit_rate=0.05, min_decisions=200, min_labelled=30, cooldown_s=0)
+    guardrails = Guardrails(target_false_hit_rate=0.05, min_decisions=200, min_labelled=30, cooldown_s=0)
     dry = autotune.tune_experiment(settings, experiment_id, guardrails, client=client, apply=False)
     by_arm = {a.arm: a for a in dry}
     assert (by_arm["control"].action, by_arm["control"].threshold) == ("change", pytest.approx(0.87))
@@ -150,6 +152,6 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     reasons = history.set_index("new_version")["reason"]
     assert "exploring 0.770 on a canary" in reasons[3] and "canary promote" in reasons[5]
     # the audit remembers control's rollback (what bounds its later explorations), not the promotion
-    failed = tuning.rolled_back_canaries(history, autotune.logged_configs(settings, client, live))
+    failed = rolled_back_canaries(history, autotune.logged_configs(settings, client, live))
     assert [(f.arm, f.threshold, f.score_floor) for f in failed] == [("control", pytest.approx(0.87), None)]
     assert abs(failed[0].at_ms - history.set_index("new_version").at[4, "ts"].timestamp() * 1000) < 1

@@ -10,7 +10,7 @@ import pytest
 from cache_core.control import ControlListener
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import Settings
-from dashboard.control import publishing, queries
+from dashboard.control import changes, publishing, queries
 from tests.fixtures import dashboard_seed as seed
 from tests.integration.test_control import force_compaction, message, raw_send, topic_records, wait_for
 from tests.integration.test_dashboard_app import _control_messages
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 OTHER_PUSHER = """
 import json, sys
 from cache_core.settings import Settings
-from dashboard.control import publishing
+from dashboard.control import changes, publishing
 settings = Settings.model_validate(json.loads(sys.argv[1]))
 pushed = publishing.push_threshold(settings, sys.argv[2], "treatment", 0.70, "bob", "race",
                                 expected_version=1)
@@ -58,7 +58,7 @@ def test_racing_pushes_from_the_same_version_have_one_winner_everywhere(env):
             bob = subprocess.run([sys.executable, "-c", OTHER_PUSHER, _settings_json(settings), experiment_id],
                                  capture_output=True, text=True, timeout=120)
             assert bob.returncode == 0 and bob.stdout.strip() == "2", bob.stderr[-2000:]
-            return publishing.set_threshold("treatment", 0.75)(config)
+            return changes.set_threshold("treatment", 0.75)(config)
 
         with pytest.raises(publishing.VersionConflict, match="version 2 was claimed first by bob") as conflict:
             publishing.publish_change(settings, experiment_id, alice_change, "alice", "race",

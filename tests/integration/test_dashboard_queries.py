@@ -7,7 +7,7 @@ import pytest
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
-from dashboard.control import publishing, queries, tuning
+from dashboard.control import changes, publishing, queries, whatif
 from tests.fixtures import dashboard_seed as seed
 
 pytestmark = pytest.mark.integration
@@ -89,9 +89,9 @@ def test_similarity_histogram_feeds_whatif(seeded):
     client, filters, *_ = seeded
     hist = queries.similarity_histogram(client, filters)
     assert hist["decisions"].sum() == 80
-    at_current = publishing.whatif_hit_rate(hist, 0.80).set_index("arm")
+    at_current = whatif.whatif_hit_rate(hist, 0.80).set_index("arm")
     assert at_current.at["treatment", "est_hit_rate"] == at_current.at["treatment", "observed_hit_rate"] == 0.75
-    assert publishing.whatif_hit_rate(hist, 0.85).set_index("arm").at["control", "est_hit_rate"] == 0.5
+    assert whatif.whatif_hit_rate(hist, 0.85).set_index("arm").at["control", "est_hit_rate"] == 0.5
 
 
 def test_cluster_examples_most_frequent_first(seeded):
@@ -116,11 +116,11 @@ def test_parameters_are_not_sql(seeded):
 def test_audit_rows_readable_by_queries(seeded):
     client, filters, experiment_id, tmp = seeded
     config = load_experiments(seed.experiments_file(tmp / "e.yaml", experiment_id))[experiment_id]
-    new = publishing.with_threshold(config, "treatment", 0.77, "tester", at_ms=filters.parameters()["end_ms"] - 90_000)
+    new = changes.with_threshold(config, "treatment", 0.77, "tester", at_ms=filters.parameters()["end_ms"] - 90_000)
     msg = ControlMessage(experiment=new, actor="tester", reason="seeded", ts_ms=new.updated_at_ms)
     publishing.record_change(client, msg, "treatment", 0.80, config.version)
-    changes = queries.threshold_changes(client, filters)
-    assert changes[["arm", "old_threshold", "new_threshold", "new_version"]].values.tolist() == [
+    audit = queries.threshold_changes(client, filters)
+    assert audit[["arm", "old_threshold", "new_threshold", "new_version"]].values.tolist() == [
         ["treatment", 0.80, 0.77, 2]]
     listed = queries.experiments(client).set_index("experiment_id")
     assert listed.at[experiment_id, "version"] == 2
@@ -173,10 +173,10 @@ def test_similarity_histogram_applies_the_multi_rule(multi_seeded):
     mx = _by_bin(hist, "mx")
     assert mx.loc[900, ["decisions", "hits", "guard_blocks", "multi_blocks"]].tolist() == [5, 3, 1, 2]
     assert mx.loc[820, "multi_blocks"] == 1 and mx.loc[950, "multi_blocks"] == 1
-    assert tuning.replay_floor(hist[hist["arm"] == "mx"]) == pytest.approx(0.80)
+    assert whatif.replay_floor(hist[hist["arm"] == "mx"]) == pytest.approx(0.80)
     for arm in ("old", "cos"):  # not logged in multi mode: the plain cosine reading
         rows = hist[hist["arm"] == arm]
-        assert rows["multi_blocks"].sum() == 0 and tuning.replay_floor(rows) is None
+        assert rows["multi_blocks"].sum() == 0 and whatif.replay_floor(rows) is None
     plain = queries.similarity_histogram(client, filters)  # no rules: every arm read as cosine
     assert plain["multi_blocks"].sum() == 0 and plain["multi_min_threshold"].isna().all()
     assert plain["decisions"].sum() == hist["decisions"].sum() == len(MULTI_ROWS)
@@ -194,15 +194,15 @@ def test_labelled_similarity_keeps_only_hits_the_rule_still_serves(multi_seeded)
 def test_multi_whatif_from_the_warehouse_differs_from_the_cosine_reading(multi_seeded):
     client, filters = multi_seeded
     mx = lambda df: df[df["arm"] == "mx"]
-    ruled = tuning.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
+    ruled = whatif.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
                                    mx(queries.labelled_similarity(client, filters, RULES)), [0.80, 0.90])
-    plain = tuning.threshold_table(mx(queries.similarity_histogram(client, filters)),
+    plain = whatif.threshold_table(mx(queries.similarity_histogram(client, filters)),
                                    mx(queries.labelled_similarity(client, filters)), [0.80, 0.90])
     ruled, plain = ruled.set_index("threshold"), plain.set_index("threshold")
     assert (ruled.at[0.90, "est_hits"], plain.at[0.90, "est_hits"]) == (2, 5)
     assert (ruled.at[0.90, "labelled"], ruled.at[0.90, "wrong"]) == (2, 1)
     assert ruled["replayable"].all()
-    below = tuning.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
+    below = whatif.threshold_table(mx(queries.similarity_histogram(client, filters, RULES)),
                                    mx(queries.labelled_similarity(client, filters, RULES)), [0.79])
     assert not below.iloc[0]["replayable"] and not below.iloc[0]["supported"]
 
@@ -214,7 +214,7 @@ def test_multi_margin_histogram_feeds_the_margin_whatif(multi_seeded):
     rows = {(None if pd.isna(m) else int(m)): (d, c, w) for m, d, c, w in
             margins[["margin_milli", "decisions", "correct", "wrong"]].itertuples(index=False)}
     assert rows == {None: (1, 0, 1), 5: (1, 0, 1), 50: (1, 1, 0)}
-    table = tuning.margin_table(margins, 7, [0.005, 0.01]).set_index("answer_margin")
+    table = whatif.margin_table(margins, 7, [0.005, 0.01]).set_index("answer_margin")
     assert table["est_hits"].to_dict() == {0.005: 3, 0.01: 2}
     assert table["wrong"].to_dict() == {0.005: 2, 0.01: 1}
     assert queries.multi_margin_histogram(client, filters, ()).empty
@@ -235,6 +235,6 @@ def test_multi_score_histogram_feeds_the_floor_and_margin_tuning(multi_seeded):
     assert set(mx["config_version"]) == {0}
     # At the arm's current floor / margin and the logged cosine gates, the floor / margin replay
     # agrees with the threshold what-if (ruled est_hits 2, labelled 2, wrong 1 at 0.80 and 0.90).
-    table = tuning.multi_table(mx, [0.5], [0.01], lowest_floor=0.5, lowest_margin=0.01).iloc[0]
+    table = whatif.multi_table(mx, [0.5], [0.01], lowest_floor=0.5, lowest_margin=0.01).iloc[0]
     assert (table["decisions"], table["est_hits"], table["labelled"], table["wrong"]) == (7, 2, 2, 1)
     assert queries.multi_score_histogram(client, filters, ()).empty

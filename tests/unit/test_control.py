@@ -7,7 +7,7 @@ import pytest
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from dashboard.control import publishing
+from dashboard.control import changes, publishing, whatif
 
 CONFIG = ExperimentConfig(
     experiment_id="threshold-ab", salt="s", version=4,
@@ -19,16 +19,16 @@ CONFIG = ExperimentConfig(
 @pytest.mark.parametrize("bad", [-0.01, 1.01, math.nan, math.inf, "0.8", None, True])
 def test_validate_threshold_rejects(bad):
     with pytest.raises(ValueError, match="threshold must be"):
-        publishing.validate_threshold(bad)
+        changes.validate_threshold(bad)
 
 
 @pytest.mark.parametrize("good", [0, 0.0, 0.5, 1])
 def test_validate_threshold_accepts_bounds(good):
-    assert publishing.validate_threshold(good) == float(good)
+    assert changes.validate_threshold(good) == float(good)
 
 
 def test_with_threshold_bumps_version_and_changes_only_that_arm():
-    new = publishing.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=123)
+    new = changes.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=123)
     assert new.version == 5
     assert new.arm("treatment").threshold == 0.75
     assert new.arm("treatment").cluster_thresholds == {3: 0.7}
@@ -38,12 +38,12 @@ def test_with_threshold_bumps_version_and_changes_only_that_arm():
 
 
 def test_with_threshold_zero_is_a_value():
-    assert publishing.with_threshold(CONFIG, "control", 0.0, "a", 1).arm("control").threshold == 0.0
+    assert changes.with_threshold(CONFIG, "control", 0.0, "a", 1).arm("control").threshold == 0.0
 
 
 def test_with_threshold_unknown_arm_names_the_arms():
     with pytest.raises(ValueError, match=r"no arm 'nope'.*'control', 'treatment'"):
-        publishing.with_threshold(CONFIG, "nope", 0.5, "a", 1)
+        changes.with_threshold(CONFIG, "nope", 0.5, "a", 1)
 
 
 def test_actor_required():
@@ -52,7 +52,7 @@ def test_actor_required():
 
 
 def test_audit_rows_match_table_columns():
-    new = publishing.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=1_700_000_000_000)
+    new = changes.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=1_700_000_000_000)
     msg = ControlMessage(experiment=new, actor="alice", reason="more hits", ts_ms=1_700_000_000_000)
     change, definition = publishing.audit_rows(msg, "treatment", 0.8, 4)
     row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, change))
@@ -75,30 +75,30 @@ HIST = pd.DataFrame({
 
 
 def test_whatif_at_current_threshold_reproduces_observed():
-    got = publishing.whatif_hit_rate(HIST, 0.90).set_index("arm")
+    got = whatif.whatif_hit_rate(HIST, 0.90).set_index("arm")
     assert got.loc["control", "est_hit_rate"] == got.loc["control", "observed_hit_rate"] == 0.25
 
 
 def test_whatif_lower_threshold_more_hits_guards_still_block():
-    got = publishing.whatif_hit_rate(HIST, 0.70).set_index("arm")
+    got = whatif.whatif_hit_rate(HIST, 0.70).set_index("arm")
     assert got.loc["control", "est_hits"] == 3  # the empty-index lookup stays a miss
     assert got.loc["treatment", "est_hits"] == 3  # one of four was guard-blocked
     assert got.loc["treatment", "est_hit_rate"] == 0.75
 
 
 def test_whatif_threshold_exactly_on_a_bin_edge_counts_it():
-    got = publishing.whatif_hit_rate(HIST, 0.85).set_index("arm")
+    got = whatif.whatif_hit_rate(HIST, 0.85).set_index("arm")
     assert got.loc["control", "est_hits"] == 2
 
 
 def test_whatif_empty_and_invalid():
-    assert publishing.whatif_hit_rate(HIST.iloc[0:0], 0.8).empty
+    assert whatif.whatif_hit_rate(HIST.iloc[0:0], 0.8).empty
     with pytest.raises(ValueError):
-        publishing.whatif_hit_rate(HIST, 1.5)
+        whatif.whatif_hit_rate(HIST, 1.5)
 
 
 def test_whatif_curve_is_monotone():
-    curve = publishing.whatif_curve(HIST)
+    curve = whatif.whatif_curve(HIST)
     for _, arm_curve in curve.groupby("arm"):
         rates = arm_curve.sort_values("threshold")["est_hit_rate"].tolist()
         assert rates == sorted(rates, reverse=True)
@@ -108,47 +108,47 @@ def test_whatif_curve_is_monotone():
 # -- change functions (pure) ----------------------------------------------------------
 
 def test_cluster_threshold_set_and_remove():
-    added = publishing.set_cluster_threshold("control", 5, 0.95)(CONFIG)
+    added = changes.set_cluster_threshold("control", 5, 0.95)(CONFIG)
     assert added.arm("control").cluster_thresholds == {5: 0.95}
-    removed = publishing.set_cluster_threshold("treatment", 3, None)(CONFIG)
+    removed = changes.set_cluster_threshold("treatment", 3, None)(CONFIG)
     assert removed.arm("treatment").cluster_thresholds == {}
     with pytest.raises(ValueError, match="non-negative integer"):
-        publishing.set_cluster_threshold("control", -1, 0.9)
+        changes.set_cluster_threshold("control", -1, 0.9)
 
 
 def test_canary_start_promote_rollback():
-    started = publishing.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG)
+    started = changes.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG)
     canary = started.arm("treatment").canary
     assert (canary.threshold, canary.share, canary.started_at_ms) == (0.76, 0.1, 99)
     assert started.arm("treatment").threshold == 0.8
-    promoted = publishing.promote_canary("treatment")(started)
+    promoted = changes.promote_canary("treatment")(started)
     assert promoted.arm("treatment").threshold == 0.76 and promoted.arm("treatment").canary is None
-    rolled = publishing.rollback_canary("treatment")(started)
+    rolled = changes.rollback_canary("treatment")(started)
     assert rolled.arm("treatment").threshold == 0.8 and rolled.arm("treatment").canary is None
     with pytest.raises(ValueError, match="no running canary"):
-        publishing.promote_canary("control")(CONFIG)
+        changes.promote_canary("control")(CONFIG)
     with pytest.raises(ValueError, match="canary share"):
-        publishing.start_canary("treatment", 0.76, 0, 0.05, at_ms=1)
+        changes.start_canary("treatment", 0.76, 0, 0.05, at_ms=1)
 
 
 def test_changed_arms_and_restore():
-    new = publishing.set_threshold("treatment", 0.7)(publishing.start_canary("control", 0.85, 0.2, 0.05, 1)(CONFIG))
-    assert publishing.changed_arms(CONFIG, new) == ["control", "treatment"]
-    restored = publishing.restore_thresholds(CONFIG)(new)
-    assert publishing.changed_arms(CONFIG, restored) == []
+    new = changes.set_threshold("treatment", 0.7)(changes.start_canary("control", 0.85, 0.2, 0.05, 1)(CONFIG))
+    assert changes.changed_arms(CONFIG, new) == ["control", "treatment"]
+    restored = changes.restore_thresholds(CONFIG)(new)
+    assert changes.changed_arms(CONFIG, restored) == []
 
 
 def test_previous_config_from_history_then_file():
-    v5 = publishing.with_threshold(CONFIG, "treatment", 0.7, "a", 1)
-    v6 = publishing.with_threshold(v5, "treatment", 0.6, "a", 2)
+    v5 = changes.with_threshold(CONFIG, "treatment", 0.7, "a", 1)
+    v6 = changes.with_threshold(v5, "treatment", 0.6, "a", 2)
     history = pd.DataFrame({"new_version": [6, 5], "config_json": [v6.model_dump_json(), v5.model_dump_json()]})
-    assert publishing.previous_config(history, v6).version == 5
-    assert publishing.previous_config(history, v5, fallback=CONFIG).version == 4
-    assert publishing.previous_config(history.iloc[0:0], CONFIG, fallback=CONFIG) is None
+    assert changes.previous_config(history, v6).version == 5
+    assert changes.previous_config(history, v5, fallback=CONFIG).version == 4
+    assert changes.previous_config(history.iloc[0:0], CONFIG, fallback=CONFIG) is None
 
 
 def test_canary_audit_row_records_share_and_tried_threshold():
-    started = publishing.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG).model_copy(update={"version": 5})
+    started = changes.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG).model_copy(update={"version": 5})
     msg = ControlMessage(experiment=started, actor="bob", reason="canary", ts_ms=1_700_000_000_000)
     row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, publishing.audit_rows(msg, "treatment", 0.8, 4)[0]))
     assert (row["new_threshold"], row["canary_share"]) == (0.76, 0.1)
@@ -165,7 +165,7 @@ MULTI = ExperimentConfig(
 
 
 def test_with_multi_changes_only_that_arms_margin_and_bumps_version():
-    new = publishing.with_multi(MULTI, "mixed", "alice", 123, answer_margin=0.02)
+    new = changes.with_multi(MULTI, "mixed", "alice", 123, answer_margin=0.02)
     assert (new.version, new.updated_by, new.updated_at_ms) == (8, "alice", 123)
     mixed = new.arm("mixed")
     assert mixed.multi.answer_margin == 0.02
@@ -174,28 +174,28 @@ def test_with_multi_changes_only_that_arms_margin_and_bumps_version():
     assert (mixed.threshold, mixed.cluster_thresholds, mixed.similarity) == (0.8, {2: 0.85}, "multi")
     assert new.arm("control") == MULTI.arm("control")
     assert MULTI.arm("mixed").multi.answer_margin == 0.01  # input untouched
-    assert publishing.changed_arms(MULTI, new) == ["mixed"]
+    assert changes.changed_arms(MULTI, new) == ["mixed"]
 
 
 def test_with_multi_floor_alone_and_both():
-    floor = publishing.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6).arm("mixed").multi
+    floor = changes.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6).arm("mixed").multi
     assert (floor.threshold, floor.answer_margin) == (0.6, 0.01)
-    both = publishing.with_multi(MULTI, "mixed", "a", 1, score_floor=-0.2, answer_margin=0.0).arm("mixed").multi
+    both = changes.with_multi(MULTI, "mixed", "a", 1, score_floor=-0.2, answer_margin=0.0).arm("mixed").multi
     assert (both.threshold, both.answer_margin) == (-0.2, 0.0)
 
 
 def test_set_multi_refuses_a_no_op():
     with pytest.raises(ValueError, match="already has score floor 0.500 and answer margin 0.010; nothing to push"):
-        publishing.set_multi("mixed", score_floor=0.5, answer_margin=0.01)(MULTI)
+        changes.set_multi("mixed", score_floor=0.5, answer_margin=0.01)(MULTI)
     with pytest.raises(ValueError, match="give a new score floor and/or answer margin"):
-        publishing.set_multi("mixed")
+        changes.set_multi("mixed")
 
 
 def test_set_multi_refuses_a_cosine_arm_and_an_unknown_one():
     with pytest.raises(ValueError, match="arm 'control' uses cosine similarity: only a multi arm"):
-        publishing.set_multi("control", answer_margin=0.02)(MULTI)
+        changes.set_multi("control", answer_margin=0.02)(MULTI)
     with pytest.raises(ValueError, match=r"no arm 'nope'"):
-        publishing.set_multi("nope", answer_margin=0.02)(MULTI)
+        changes.set_multi("nope", answer_margin=0.02)(MULTI)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -206,24 +206,24 @@ def test_set_multi_refuses_a_cosine_arm_and_an_unknown_one():
 ])
 def test_set_multi_refuses_out_of_range(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        publishing.set_multi("mixed", **kwargs)(MULTI)
+        changes.set_multi("mixed", **kwargs)(MULTI)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, "0.1", True])
 def test_set_multi_refuses_non_numbers(bad):
     with pytest.raises(ValueError, match="answer margin must be a finite number"):
-        publishing.set_multi("mixed", answer_margin=bad)
+        changes.set_multi("mixed", answer_margin=bad)
 
 
 def test_restore_brings_back_the_multi_settings():
-    new = publishing.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6, answer_margin=0.03)
-    restored = publishing.restore_thresholds(MULTI)(new)
+    new = changes.with_multi(MULTI, "mixed", "a", 1, score_floor=0.6, answer_margin=0.03)
+    restored = changes.restore_thresholds(MULTI)(new)
     assert restored.arm("mixed").multi == MULTI.arm("mixed").multi
-    assert publishing.changed_arms(MULTI, restored) == []
+    assert changes.changed_arms(MULTI, restored) == []
 
 
 def test_multi_audit_row_keeps_the_threshold_and_carries_the_new_margin():
-    new = publishing.with_multi(MULTI, "mixed", "alice", 1_700_000_000_000, answer_margin=0.02)
+    new = changes.with_multi(MULTI, "mixed", "alice", 1_700_000_000_000, answer_margin=0.02)
     msg = ControlMessage(experiment=new, actor="alice", reason="fewer near-ties", ts_ms=1_700_000_000_000)
     row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, publishing.audit_rows(msg, "mixed", 0.8, 7)[0]))
     assert (row["old_threshold"], row["new_threshold"], row["new_version"]) == (0.8, 0.8, 8)
@@ -245,35 +245,35 @@ def test_the_loser_of_a_push_race_is_told_who_won_at_which_version():
 
 
 def test_multi_canary_start_promote_rollback():
-    started = publishing.start_multi_canary("mixed", 0.1, 0.05, 99, score_floor=0.45)(MULTI)
+    started = changes.start_multi_canary("mixed", 0.1, 0.05, 99, score_floor=0.45)(MULTI)
     mixed = started.arm("mixed")
     assert (mixed.canary.threshold, mixed.canary.score_floor, mixed.canary.answer_margin) == (0.8, 0.45, None)
     assert mixed.multi.threshold == 0.5  # base units keep the arm's floor until promoted
-    assert publishing.changed_arms(MULTI, started) == ["mixed"]
-    promoted = publishing.promote_canary("mixed")(started).arm("mixed")
+    assert changes.changed_arms(MULTI, started) == ["mixed"]
+    promoted = changes.promote_canary("mixed")(started).arm("mixed")
     assert promoted.canary is None and (promoted.multi.threshold, promoted.multi.answer_margin) == (0.45, 0.01)
     assert (promoted.multi.lexical, promoted.multi.token, promoted.threshold) == ("word", 0.3, 0.8)  # rest kept
-    assert publishing.rollback_canary("mixed")(started).arm("mixed") == MULTI.arm("mixed")
+    assert changes.rollback_canary("mixed")(started).arm("mixed") == MULTI.arm("mixed")
 
 
 def test_multi_canary_refuses_what_set_multi_refuses():
     with pytest.raises(ValueError, match="only a multi arm"):
-        publishing.start_multi_canary("control", 0.1, 0.05, 1, score_floor=0.45)(MULTI)
+        changes.start_multi_canary("control", 0.1, 0.05, 1, score_floor=0.45)(MULTI)
     with pytest.raises(ValueError, match="nothing to push"):
-        publishing.start_multi_canary("mixed", 0.1, 0.05, 1, score_floor=0.5)(MULTI)
+        changes.start_multi_canary("mixed", 0.1, 0.05, 1, score_floor=0.5)(MULTI)
     with pytest.raises(ValueError, match="canary share"):
-        publishing.start_multi_canary("mixed", 1.5, 0.05, 1, score_floor=0.45)
+        changes.start_multi_canary("mixed", 1.5, 0.05, 1, score_floor=0.45)
 
 
 def test_set_invalidate_after_changes_one_arm_and_refuses_bad_values():
-    new = publishing.set_invalidate_after("mixed", 3)(MULTI)
+    new = changes.set_invalidate_after("mixed", 3)(MULTI)
     assert new.arm("mixed").invalidate_after_wrong == 3 and new.arm("control") == MULTI.arm("control")
-    assert publishing.changed_arms(MULTI, new) == ["mixed"]
-    assert publishing.restore_thresholds(MULTI)(new).arm("mixed").invalidate_after_wrong == 1  # rollback brings it back
+    assert changes.changed_arms(MULTI, new) == ["mixed"]
+    assert changes.restore_thresholds(MULTI)(new).arm("mixed").invalidate_after_wrong == 1  # rollback brings it back
     with pytest.raises(ValueError, match="already removes entries after 1 users' wrong verdicts; nothing to push"):
-        publishing.set_invalidate_after("mixed", 1)(MULTI)
+        changes.set_invalidate_after("mixed", 1)(MULTI)
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="whole number >= 0"):
-            publishing.set_invalidate_after("mixed", bad)
+            changes.set_invalidate_after("mixed", bad)
     with pytest.raises(ValueError, match=r"no arm 'nope'"):
-        publishing.set_invalidate_after("nope", 2)(MULTI)
+        changes.set_invalidate_after("nope", 2)(MULTI)

@@ -4,7 +4,9 @@ import pandas as pd
 import pytest
 
 from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig
-from dashboard.control import publishing, tuning
+from dashboard.control import tuning, tuning_multi, whatif
+from dashboard.control.guardrails import Guardrails
+from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
 
 NOW = 10_000_000
@@ -24,14 +26,14 @@ def _labels(arm="a", cluster=1, lo=820, wrong_below=850, wrong_every=10):
                          "correct": 5 - wrong, "wrong": wrong})
 
 
-G = tuning.Guardrails(target_false_hit_rate=0.05, min_decisions=100, min_labelled=30, max_step=0.03, cooldown_s=600)
+G = Guardrails(target_false_hit_rate=0.05, min_decisions=100, min_labelled=30, max_step=0.03, cooldown_s=600)
 
 
 def test_table_hit_rate_agrees_with_control_whatif():
     hist = _hist()
-    table = tuning.threshold_table(hist, _labels(), [0.85]).iloc[0]
-    whatif = publishing.whatif_hit_rate(hist, 0.85).iloc[0]
-    assert table["est_hit_rate"] == pytest.approx(whatif["est_hit_rate"]) == pytest.approx(150 / 300)
+    table = whatif.threshold_table(hist, _labels(), [0.85]).iloc[0]
+    replayed = whatif.whatif_hit_rate(hist, 0.85).iloc[0]
+    assert table["est_hit_rate"] == pytest.approx(replayed["est_hit_rate"]) == pytest.approx(150 / 300)
     assert table["labelled"] == 750 and table["wrong"] == 15
 
 
@@ -45,7 +47,7 @@ def test_recommends_lowest_safe_threshold_within_max_step():
 
 
 def test_the_unsafe_band_is_avoided_even_when_allowed():
-    wide = tuning.Guardrails(target_false_hit_rate=0.05, min_decisions=100, max_step=0.08)
+    wide = Guardrails(target_false_hit_rate=0.05, min_decisions=100, max_step=0.08)
     rec = tuning.recommend("a", 0.88, _hist(), _labels(), wide, now_ms=NOW)
     upper_at = rec.candidates.set_index("threshold")["false_hit_upper"]
     assert upper_at[0.82] > 0.05
@@ -53,7 +55,7 @@ def test_the_unsafe_band_is_avoided_even_when_allowed():
 
 
 def test_over_target_everywhere_raises_by_the_max_step():
-    strict = tuning.Guardrails(target_false_hit_rate=0.01, min_decisions=100, max_step=0.03)
+    strict = Guardrails(target_false_hit_rate=0.01, min_decisions=100, max_step=0.03)
     rec = tuning.recommend("a", 0.88, _hist(), _labels(), strict, now_ms=NOW)
     assert (rec.action, rec.recommended) == ("change", pytest.approx(0.91))
     assert "above target" in rec.reason
@@ -79,7 +81,7 @@ def test_exploration_steps_below_the_labels_only_from_a_safe_best_threshold():
 
 def test_exploration_after_a_rolled_back_canary_takes_a_smaller_step_or_none():
     held = tuning.recommend("a", 0.85, _hist(), _labels(lo=850, wrong_every=1000), G, now_ms=NOW)
-    refuted = lambda threshold: tuning.RolledBack("a", NOW - 1000, threshold, None)
+    refuted = lambda threshold: RolledBack("a", NOW - 1000, threshold, None)
     smaller = tuning.exploration(held, refuted(0.82))
     assert (smaller.action, smaller.recommended) == ("explore", pytest.approx(0.825))  # the next grid value up
     assert "a smaller step: a canary at threshold 0.820 was rolled back" in smaller.reason
@@ -112,14 +114,14 @@ def test_rolled_back_canaries_are_read_from_the_audit_and_promotions_are_not():
         (5, {"a": canary(a, 0.83), "m": canary(m, m.threshold, score_floor=0.45)}),
         (6, {"a": a.model_copy(update={"threshold": 0.83}), "m": m}),  # a promoted; m's floor rolled back
     )
-    found = tuning.rolled_back_canaries(history, configs)
-    assert found == [tuning.RolledBack("m", 6000, None, 0.45), tuning.RolledBack("a", 4000, 0.80, None)]
-    week = tuning.Guardrails(explore_memory_s=3600)
-    assert tuning.last_failed_try(found, "a", "threshold", 6000, week).threshold == 0.80
-    assert tuning.last_failed_try(found, "a", "threshold", 4000 + 3_601_000, week) is None  # forgotten
-    assert tuning.last_failed_try(found, "a", "score_floor", 6000, week) is None
-    assert tuning.last_failed_try(found, "m", "score_floor", 6000, week).score_floor == 0.45
-    assert tuning.rolled_back_canaries(history.iloc[0:0], configs) == []
+    found = rolled_back_canaries(history, configs)
+    assert found == [RolledBack("m", 6000, None, 0.45), RolledBack("a", 4000, 0.80, None)]
+    week = Guardrails(explore_memory_s=3600)
+    assert last_failed_try(found, "a", "threshold", 6000, week).threshold == 0.80
+    assert last_failed_try(found, "a", "threshold", 4000 + 3_601_000, week) is None  # forgotten
+    assert last_failed_try(found, "a", "score_floor", 6000, week) is None
+    assert last_failed_try(found, "m", "score_floor", 6000, week).score_floor == 0.45
+    assert rolled_back_canaries(history.iloc[0:0], configs) == []
 
 
 def test_exploration_never_for_changes_holds_without_support_clusters_or_empty_bands():
@@ -148,7 +150,7 @@ def test_guardrails_hold():
 
 def test_invalid_guardrails():
     with pytest.raises(ValueError, match="target"):
-        tuning.Guardrails(target_false_hit_rate=0)
+        Guardrails(target_false_hit_rate=0)
 
 
 def test_recommend_all_per_cluster_uses_cluster_threshold_and_skips_canaries():
@@ -165,10 +167,10 @@ def test_recommend_all_per_cluster_uses_cluster_threshold_and_skips_canaries():
 @pytest.mark.parametrize("method", ["sequential", "bound"])
 def test_evaluate_canary(method):
     canary = CanaryConfig(threshold=0.8, share=0.1, target_false_hit_rate=0.05)
-    bad = tuning.evaluate_canary(canary, ProportionStat(300, 45), method=method)
-    good = tuning.evaluate_canary(canary, ProportionStat(2000, 20), method=method)
-    early = tuning.evaluate_canary(canary, ProportionStat(20, 1), method=method)
-    few_but_clean = tuning.evaluate_canary(canary, ProportionStat(10, 0), min_labelled=30, method=method)
+    bad = evaluate_canary(canary, ProportionStat(300, 45), method=method)
+    good = evaluate_canary(canary, ProportionStat(2000, 20), method=method)
+    early = evaluate_canary(canary, ProportionStat(20, 1), method=method)
+    few_but_clean = evaluate_canary(canary, ProportionStat(10, 0), min_labelled=30, method=method)
     assert (bad.action, good.action, early.action, few_but_clean.action) == ("rollback", "promote", "continue", "continue")
     assert "above the target" in bad.reason and "labels" in few_but_clean.reason
 
@@ -176,8 +178,8 @@ def test_evaluate_canary(method):
 def test_sequential_canary_is_stricter_than_a_fixed_bound_when_borderline():
     canary = CanaryConfig(threshold=0.8, share=0.1, target_false_hit_rate=0.05)
     borderline = ProportionStat(400, 30)  # 7.5%: a fixed bound says above, the always-valid test waits
-    assert tuning.evaluate_canary(canary, borderline, method="bound").action == "rollback"
-    assert tuning.evaluate_canary(canary, borderline, method="sequential").action == "continue"
+    assert evaluate_canary(canary, borderline, method="bound").action == "rollback"
+    assert evaluate_canary(canary, borderline, method="sequential").action == "continue"
 
 
 # -- multi-similarity arms: the what-if re-applies the score floor / answer margin ------
@@ -193,24 +195,24 @@ def _multi_hist(lo=800, hi=1000, per_bin=10, refused_below=900, refused=4, logge
 
 def test_multi_whatif_counts_only_what_the_floor_and_margin_would_serve():
     multi, cosine = _multi_hist(), _hist(lo=800)
-    at = lambda hist: tuning.threshold_table(hist, _labels(), [0.85, 0.95]).set_index("threshold")
+    at = lambda hist: whatif.threshold_table(hist, _labels(), [0.85, 0.95]).set_index("threshold")
     m, c = at(multi), at(cosine)
     # 150 bins of 10 at or above 0.85; in the 50 bins under 0.90 the mixed rule refuses 4 of 10.
     assert c.at[0.85, "est_hits"] == 1500 and m.at[0.85, "est_hits"] == 1500 - 200
     assert m.at[0.95, "est_hits"] == c.at[0.95, "est_hits"] == 500  # no refusals up there
     assert m.at[0.85, "est_hit_rate"] < c.at[0.85, "est_hit_rate"]
-    whatif = publishing.whatif_hit_rate(multi, 0.85).iloc[0]
-    assert whatif["est_hits"] == m.at[0.85, "est_hits"]  # the control panel's what-if agrees
+    replayed = whatif.whatif_hit_rate(multi, 0.85).iloc[0]
+    assert replayed["est_hits"] == m.at[0.85, "est_hits"]  # the control panel's what-if agrees
 
 
 def test_cosine_arm_unchanged_by_the_multi_columns():
     plain = _hist()
     with_zero_cols = plain.assign(multi_blocks=0, multi_min_threshold=np.nan)
     grid = [0.80, 0.85, 0.90]
-    a = tuning.threshold_table(plain, _labels(), grid)
-    b = tuning.threshold_table(with_zero_cols, _labels(), grid)
+    a = whatif.threshold_table(plain, _labels(), grid)
+    b = whatif.threshold_table(with_zero_cols, _labels(), grid)
     pd.testing.assert_frame_equal(a.drop(columns="replayable"), b.drop(columns="replayable"))
-    assert b["replayable"].all() and tuning.replay_floor(with_zero_cols) is None
+    assert b["replayable"].all() and whatif.replay_floor(with_zero_cols) is None
     assert tuning.recommend("a", 0.88, with_zero_cols, _labels(), G, now_ms=NOW).recommended == pytest.approx(0.85)
 
 
@@ -230,7 +232,7 @@ def test_drop_unreplayable_keeps_cosine_arms_whole():
     curve = pd.DataFrame({"arm": ["m", "m", "m", "c", "c"], "threshold": [0.80, 0.85, 0.90, 0.80, 0.90],
                           "est_hit_rate": [0.5, 0.4, 0.3, 0.5, 0.3]})
     hist = pd.concat([_multi_hist(logged_at=0.85).assign(arm="m"), _hist().assign(arm="c")])
-    kept = tuning.drop_unreplayable(curve, hist)
+    kept = whatif.drop_unreplayable(curve, hist)
     assert kept[["arm", "threshold"]].values.tolist() == [["m", 0.85], ["m", 0.90], ["c", 0.80], ["c", 0.90]]
 
 
@@ -246,7 +248,7 @@ def _margins():
 
 
 def test_margin_table_replays_other_margins():
-    table = tuning.margin_table(_margins(), 200, [0.0, 0.005, 0.01, 0.05, 0.1]).set_index("answer_margin")
+    table = whatif.margin_table(_margins(), 200, [0.0, 0.005, 0.01, 0.05, 0.1]).set_index("answer_margin")
     # No-rival decisions are served at any margin; the others once their lead reaches it.
     assert table["est_hits"].to_dict() == {0.0: 90, 0.005: 80, 0.01: 60, 0.05: 50, 0.1: 40}
     assert table.at[0.005, "est_hit_rate"] == pytest.approx(80 / 200)
@@ -258,9 +260,9 @@ def test_margin_table_replays_other_margins():
 
 
 def test_margin_table_empty_and_grid():
-    empty = tuning.margin_table(_margins().iloc[0:0], 0, [0.005])
+    empty = whatif.margin_table(_margins().iloc[0:0], 0, [0.005])
     assert empty.iloc[0]["est_hits"] == 0 and empty.iloc[0]["est_hit_rate"] is None
-    grid = tuning.margin_grid(0.005)
+    grid = whatif.margin_grid(0.005)
     assert grid[0] == 0.0 and 0.005 in grid and grid == sorted(grid) and max(grid) <= 1.0
 
 
@@ -291,7 +293,7 @@ def test_multi_table_replays_floor_and_margin_together():
         (1, 560, 20, 6, 6, 4, 2),
         (1, 600, 10, 3, 2, 1, 0),      # one of three vetoed by a guard
     ])
-    table = tuning.multi_table(hist, [0.50, 0.55, 0.56, 0.57], [0.0, 0.005, 0.015],
+    table = whatif.multi_table(hist, [0.50, 0.55, 0.56, 0.57], [0.0, 0.005, 0.015],
                                lowest_floor=0.50, lowest_margin=0.005).set_index(["score_floor", "answer_margin"])
     assert table["decisions"].eq(28).all()
     assert table.loc[(0.50, 0.005), ["est_hits", "labelled", "wrong"]].tolist() == [13, 11, 3]
@@ -306,7 +308,7 @@ def test_multi_table_replays_floor_and_margin_together():
 def test_multi_recommendation_raises_the_floor_past_a_wrong_band():
     # Logged at floor 0.50: 2 of 5 labels wrong in the 0.500-0.519 scores, clean above.
     hist = _scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0))
-    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
+    rec = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
     assert rec.action == "change"
     assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.515), pytest.approx(0.005))
     table = rec.candidates.set_index(["score_floor", "answer_margin"])
@@ -319,14 +321,14 @@ def test_multi_recommendation_lowers_only_down_to_the_lowest_logged_floor():
     # Version 1 ran at floor 0.48 (labels reach down there), version 2 at 0.50: both clean.
     hist = _scores(_band(1, 480, 600) + _band(2, 500, 600))
     rules = {1: (0.48, 0.005), 2: (0.50, 0.005)}
-    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW)
+    rec = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW)
     assert (rec.action, rec.recommended_floor, rec.recommended_margin) == ("change", pytest.approx(0.48),
                                                                           pytest.approx(0.005))
     assert not rec.candidates.set_index(["score_floor", "answer_margin"]).loc[(0.475, 0.005), "replayable"]
     # Only version 2 logged: 0.470-0.499 scores were refused (no labels), so nothing under 0.50.
     refused = [(2, b, 50, 10, 10, 0, 0) for b in range(470, 500)]
     only_v2 = _scores(refused + _band(2, 500, 600))
-    rec = tuning.recommend_multi("m", 0.50, 0.005, only_v2, rules, G, now_ms=NOW)
+    rec = tuning_multi.recommend_multi("m", 0.50, 0.005, only_v2, rules, G, now_ms=NOW)
     table = rec.candidates.set_index(["score_floor", "answer_margin"])
     assert table.loc[(0.47, 0.005), "est_hits"] > table.loc[(0.50, 0.005), "est_hits"]  # tempting, not replayable
     assert not table.loc[(0.47, 0.005), "replayable"]
@@ -336,24 +338,24 @@ def test_multi_recommendation_lowers_only_down_to_the_lowest_logged_floor():
 def test_multi_exploration_tries_the_unreplayable_floor_below_a_safe_best_one():
     rules = {1: (0.48, 0.005), 2: (0.50, 0.005)}
     refused = [(2, b, 50, 10, 10, 0, 0) for b in range(470, 500)]
-    held = tuning.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G, now_ms=NOW)
-    probe = tuning.multi_exploration(held)
+    held = tuning_multi.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G, now_ms=NOW)
+    probe = tuning_multi.multi_exploration(held)
     assert (probe.action, probe.recommended_floor, probe.recommended_margin) == (
         "explore", pytest.approx(0.47), pytest.approx(0.005))
     assert probe.recommended_hit_rate > held.current_hit_rate and "on a canary" in probe.reason
     # after a canary at floor 0.47 was rolled back: a smaller step; at 0.495, none
-    smaller = tuning.multi_exploration(held, tuning.RolledBack("m", NOW, None, 0.47))
+    smaller = tuning_multi.multi_exploration(held, RolledBack("m", NOW, None, 0.47))
     assert (smaller.action, smaller.recommended_floor) == ("explore", pytest.approx(0.475))
     assert "a smaller step: a canary at score floor 0.470 was rolled back" in smaller.reason
-    blocked = tuning.multi_exploration(held, tuning.RolledBack("m", NOW, None, 0.495))
+    blocked = tuning_multi.multi_exploration(held, RolledBack("m", NOW, None, 0.495))
     assert blocked.action == "hold" and "not exploring lower" in blocked.reason
     # a change, or a hold where version 1's labels already cover the floors below: nothing to explore
-    changed = tuning.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 480, 600) + _band(2, 500, 600)), rules, G,
+    changed = tuning_multi.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 480, 600) + _band(2, 500, 600)), rules, G,
                                      now_ms=NOW)
-    assert changed.action == "change" and tuning.multi_exploration(changed) is None
-    cooling = tuning.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G,
+    assert changed.action == "change" and tuning_multi.multi_exploration(changed) is None
+    cooling = tuning_multi.recommend_multi("m", 0.50, 0.005, _scores(refused + _band(2, 500, 600)), rules, G,
                                      now_ms=NOW, last_change_ms=NOW)
-    assert cooling.action == "hold" and tuning.multi_exploration(cooling) is None
+    assert cooling.action == "hold" and tuning_multi.multi_exploration(cooling) is None
 
 
 def test_logged_rules_take_the_stricter_of_arm_and_canary():
@@ -362,7 +364,7 @@ def test_logged_rules_take_the_stricter_of_arm_and_canary():
         arm.model_copy(update={"canary": canary})])
     lower = CanaryConfig(threshold=0.82, share=0.1, score_floor=0.45)
     wider = CanaryConfig(threshold=0.82, share=0.1, answer_margin=0.03)
-    rules = tuning.logged_rules({1: config(None, 1), 2: config(lower, 2), 3: config(wider, 3)}, "m")
+    rules = tuning_multi.logged_rules({1: config(None, 1), 2: config(lower, 2), 3: config(wider, 3)}, "m")
     # a lower canary floor serves a superset, so the arm's floor still bounds the replay; a wider
     # canary margin refused some of what the arm's margin served, so it bounds it instead
     assert rules == {1: (0.5, 0.01), 2: (0.5, 0.01), 3: (0.5, 0.03)}
@@ -372,7 +374,7 @@ def test_multi_recommendation_widens_the_margin_against_near_ties():
     # Decisions leading their rival by 0.010 are half wrong; clear leads and no-rival ones are clean.
     hist = _scores(_band(1, 600, 700, margin=10, wrong=lambda b: 2 if b % 2 else 3)
                    + _band(1, 600, 700, margin=None) + _band(1, 600, 700, margin=40))
-    rec = tuning.recommend_multi("m", 0.55, 0.005, hist, {1: (0.55, 0.005)}, G, now_ms=NOW)
+    rec = tuning_multi.recommend_multi("m", 0.55, 0.005, hist, {1: (0.55, 0.005)}, G, now_ms=NOW)
     assert rec.action == "change"
     # 0.015 drops the 0.010 leads; wider margins serve no fewer, but move further.
     assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.55), pytest.approx(0.015))
@@ -382,23 +384,23 @@ def test_multi_recommendation_widens_the_margin_against_near_ties():
 def test_multi_recommendation_guardrails_hold():
     hist = _scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0))
     rules = {1: (0.50, 0.005)}
-    few = tuning.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 500, 505)), rules, G, now_ms=NOW)
+    few = tuning_multi.recommend_multi("m", 0.50, 0.005, _scores(_band(1, 500, 505)), rules, G, now_ms=NOW)
     assert few.action == "hold" and "50 logged decisions" in few.reason
-    cooling = tuning.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW, last_change_ms=NOW - 60_000)
+    cooling = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, rules, G, now_ms=NOW, last_change_ms=NOW - 60_000)
     assert cooling.action == "hold" and "cool-down" in cooling.reason and cooling.recommended_floor is None
-    unknown = tuning.recommend_multi("m", 0.50, 0.005, hist, {}, G, now_ms=NOW)
+    unknown = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, {}, G, now_ms=NOW)
     assert unknown.action == "hold" and "config version(s) [1]" in unknown.reason
     unlabelled = _scores(_band(1, 500, 600, labels=0))
-    none = tuning.recommend_multi("m", 0.50, 0.005, unlabelled, rules, G, now_ms=NOW)
+    none = tuning_multi.recommend_multi("m", 0.50, 0.005, unlabelled, rules, G, now_ms=NOW)
     assert none.action == "hold" and "labelled hits" in none.reason
     cosine_only = _scores([(1, None, None, 500, 0, 0, 0)])
-    assert "no logged mixed scores" in tuning.recommend_multi("m", 0.50, 0.005, cosine_only, rules, G,
+    assert "no logged mixed scores" in tuning_multi.recommend_multi("m", 0.50, 0.005, cosine_only, rules, G,
                                                               now_ms=NOW).reason
 
 
 def test_multi_recommendation_over_target_everywhere_raises_the_floor_by_the_max_step():
     hist = _scores(_band(1, 500, 600, wrong=lambda b: 1))  # 20% wrong at every score
-    rec = tuning.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
+    rec = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
     assert (rec.action, rec.recommended_floor, rec.recommended_margin) == ("change", pytest.approx(0.53),
                                                                           pytest.approx(0.005))
     assert "above target" in rec.reason
@@ -410,11 +412,11 @@ def test_configs_by_version_and_logged_rules():
             ArmConfig(name="m", similarity=similarity, multi={"threshold": floor, "answer_margin": 0.01}),
             ArmConfig(name="c")])
     history = pd.DataFrame({"config_json": [config(3, 0.6).model_dump_json(), "", config(2, 0.5, "cosine").model_dump_json()]})
-    known = tuning.configs_by_version(history, config(1, 0.4), None, config(4, 0.7))
+    known = configs_by_version(history, config(1, 0.4), None, config(4, 0.7))
     assert sorted(known) == [1, 2, 3, 4]
-    assert tuning.logged_rules(known, "m") == {1: (0.4, 0.01), 3: (0.6, 0.01), 4: (0.7, 0.01)}  # v2: cosine
-    assert tuning.logged_rules(known, "c") == {}
-    assert tuning.configs_by_version(pd.DataFrame(columns=["config_json"])) == {}
+    assert tuning_multi.logged_rules(known, "m") == {1: (0.4, 0.01), 3: (0.6, 0.01), 4: (0.7, 0.01)}  # v2: cosine
+    assert tuning_multi.logged_rules(known, "c") == {}
+    assert configs_by_version(pd.DataFrame(columns=["config_json"])) == {}
 
 
 def test_recommend_multi_all_skips_cosine_arms_and_canaries():
@@ -424,6 +426,6 @@ def test_recommend_multi_all_skips_cosine_arms_and_canaries():
         ArmConfig(name="c")])
     hist = pd.concat([_scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0)),
                       _scores(_band(1, 500, 600), arm="k")])
-    recs = tuning.recommend_multi_all(config, hist, {1: config}, G, now_ms=NOW)
+    recs = tuning_multi.recommend_multi_all(config, hist, {1: config}, G, now_ms=NOW)
     assert [r.arm for r in recs] == ["m"]
     assert recs[0].recommended_floor == pytest.approx(0.515)
