@@ -210,7 +210,7 @@ class DashboardSettings(_Documented):
     target_false_hit_rate: float = Field(0.05, gt=0, lt=1)
     """Default ceiling on the false-hit rate for auto-tuning and canaries."""
     autotune_every_s: float | None = Field(None, gt=0)
-    """``./scache serve`` runs auto-tune (``python -m dashboard.autotune --every N``) this often; unset: off."""
+    """``./scache serve`` runs auto-tune (``python -m dashboard.control.autotune --every N``) this often; unset: off."""
 
 
 class Settings(BaseSettings):

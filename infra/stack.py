@@ -139,14 +139,14 @@ class Stack:
 
     def start_dashboard(self, port: int | None = None) -> Service:
         port = port or free_port()
-        cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "app.py"),
+        cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "Home.py"),
                "--server.address", "127.0.0.1", "--server.port", str(port),
                "--server.headless", "true", "--browser.gatherUsageStats", "false"]
         return self._start_http("dashboard", cmd, port, health_path="/_stcore/health", timeout_s=120)
 
     def start_autotune(self, every_s: float) -> Service:
-        """``dashboard.autotune --every`` against this stack (it logs each pass's actions)."""
-        service = spawn("autotune", [sys.executable, "-m", "dashboard.autotune", "--every", f"{every_s:g}"],
+        """``dashboard.control.autotune --every`` against this stack (it logs each pass's actions)."""
+        service = spawn("autotune", [sys.executable, "-m", "dashboard.control.autotune", "--every", f"{every_s:g}"],
                         self.state_dir / "logs" / "autotune.log", env=self.env)
         self.services.append(service)
         return service

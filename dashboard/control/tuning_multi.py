@@ -137,7 +137,7 @@ def multi_exploration(rec: MultiRecommendation, failed: RolledBack | None = None
     """``exploration`` for a multi arm's score floor: when ``recommend_multi`` holds at the
     current pair because it is the best replayable one, the lowest floor under it (same
     margin) the logs cannot replay, if the logged scores say it would serve more. Only ever
-    try it on a canary (``control.start_multi_canary``). ``failed``: as in ``exploration``,
+    try it on a canary (``changes.start_multi_canary``). ``failed``: as in ``exploration``,
     for the score floor a rolled-back canary tried."""
     if (rec.recommended_floor is None or abs(rec.recommended_floor - rec.current_floor) > 1e-9
             or abs(rec.recommended_margin - rec.current_margin) > 1e-9):

@@ -34,7 +34,7 @@ def whatif_hit_rate(similarity_hist: pd.DataFrame, threshold: float,
     ``similarity_milli`` bin, decisions / hits / guard_blocks. A decision counts as
     an estimated hit when its top-1 similarity reaches the threshold and no guard
     blocked it (nor, for a multi arm, its current score floor / answer margin:
-    ``multi_blocks``; see dashboard.control.tuning for where that replay holds). First-order
+    ``multi_blocks``; see ``tuning`` for where that replay holds). First-order
     estimate: it holds the cache's contents fixed, while a different threshold would
     also change what got stored and evicted.
     """

@@ -28,8 +28,9 @@ ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 CHART_DRAWN = ("document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length > 0 && "
                "document.body.innerText.includes('treatment')")
 
-OPEN_TAB = ("(() => { const tab = Array.from(document.querySelectorAll('[role=tab]'))"
-            ".find(t => t.innerText.trim() === %r); if (tab) tab.click(); return !!tab; })()")
+# Streamlit multipage: the sidebar's page links (client-side navigation, same session).
+OPEN_PAGE = ("(() => { const link = Array.from(document.querySelectorAll('[data-testid=stSidebarNavLink]'))"
+             ".find(a => a.innerText.trim() === %r); if (link) link.click(); return !!link; })()")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def control_kafka(kafka_broker):
 
 @pytest.fixture(scope="module")
 def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
-    """`streamlit run dashboard/app.py` on a free port against a freshly seeded experiment."""
+    """`streamlit run dashboard/Home.py` on a free port against a freshly seeded experiment."""
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     tmp = tmp_path_factory.mktemp("dashboard")
@@ -62,7 +63,7 @@ def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
         "SCACHE_KAFKA__CONTROL_TOPIC": control_kafka.control_topic,
         "PYTHONPATH": str(REPO_ROOT),
     }
-    cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "app.py"),
+    cmd = [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "dashboard" / "Home.py"),
            "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     service = spawn("dashboard", cmd, tmp / "dashboard.log", env=env)
@@ -104,21 +105,21 @@ CLICK_BUTTON = ("(() => { const b = Array.from(document.querySelectorAll('button
                 ".find(b => b.innerText.trim() === %r && b.offsetParent !== null); if (b) b.click(); return !!b; })()")
 
 
-@pytest.mark.parametrize("tab,marker,shot", [
+@pytest.mark.parametrize("page,marker,shot", [
     ("Time series", "dashed lines mark threshold changes", "dashboard-timeseries.png"),
     ("Attribution", "Kitagawa", "dashboard-attribution.png"),
 ])
-def test_tab_draws_its_charts(dashboard, tmp_path, tab, marker, shot):
+def test_page_draws_its_charts(dashboard, tmp_path, page, marker, shot):
     url, _, service = dashboard
     with Chromium(url, tmp_path / "profile", height=2600) as browser:
         browser.wait_for(CHART_DRAWN, timeout_s=90)
-        assert browser.evaluate(OPEN_TAB % tab)
+        assert browser.evaluate(OPEN_PAGE % page)
         browser.wait_for(f"document.body.innerText.includes({marker!r})", 30)
         browser.wait_for(VISIBLE_CHART, 30)
         time.sleep(1.5)  # let vega finish its transition before the picture
         browser.screenshot(ARTIFACTS / shot)
         assert "Traceback" not in browser.dom(), service.log_path.read_text()[-2000:]
-        if tab == "Time series":  # every time label once (Vega's own ticks printed minutes twice)
+        if page == "Time series":  # every time label once (Vega's own ticks printed minutes twice)
             labels = browser.evaluate(TIME_AXIS_LABELS)
             assert labels and len(labels) == len(set(labels)), labels
 
@@ -127,7 +128,7 @@ def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, co
     url, experiment_id, service = dashboard
     with Chromium(url, tmp_path / "profile", height=2600) as browser:
         browser.wait_for(CHART_DRAWN, timeout_s=90)
-        assert browser.evaluate(OPEN_TAB % "Control panel")
+        assert browser.evaluate(OPEN_PAGE % "Control panel")
         browser.wait_for("document.querySelector('input[aria-label=\"Your name\"]') !== null", 30)
         browser.wait_for(VISIBLE_CHART, 30)
         assert browser.evaluate(SET_INPUT % ("Your name", "browser-test"))

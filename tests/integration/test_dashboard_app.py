@@ -17,7 +17,8 @@ from infra.runtime import REPO_ROOT
 from tests.fixtures import dashboard_seed as seed
 
 pytestmark = pytest.mark.integration
-APP = str(REPO_ROOT / "dashboard" / "app.py")
+APP = str(REPO_ROOT / "dashboard" / "Home.py")
+TIME_SERIES, ATTRIBUTION, CONTROL = "pages/01_Time_series.py", "pages/02_Attribution.py", "pages/03_Control_panel.py"
 
 
 @pytest.fixture
@@ -29,16 +30,24 @@ def app_env(monkeypatch, ch_settings, tmp_path):
     monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(seed.experiments_file(tmp_path / "e.yaml", experiment_id)))
     monkeypatch.setenv("SCACHE_DASHBOARD__REFRESH_S", "60")
 
-    def start() -> AppTest:
+    def start(page: str | None = CONTROL) -> AppTest:
+        """The app with the fresh experiment picked on the home page, then on ``page`` (None: home)."""
         get_settings.cache_clear()
         st.cache_data.clear()
         at = AppTest.from_file(APP, default_timeout=60).run()
         at.selectbox(key="experiment").set_value(experiment_id).run()
         assert not at.exception, at.exception
-        return at
+        return switch(at, page) if page is not None else at
 
     yield experiment_id, start
     get_settings.cache_clear()
+
+
+def switch(at: AppTest, page: str) -> AppTest:
+    """Open another page of the app in the same session (its sidebar keeps the filters)."""
+    at.switch_page(page).run()
+    assert not at.exception, at.exception
+    return at
 
 
 def _texts(at: AppTest) -> str:
@@ -47,7 +56,7 @@ def _texts(at: AppTest) -> str:
 
 def test_empty_state(app_env):
     _, start = app_env
-    at = start()
+    at = start(None)
     assert any("No data yet" in i.value for i in at.info)
     assert not at.error
 
@@ -57,7 +66,7 @@ def test_seeded_overview_and_attribution(app_env, ch_settings):
     client = connect(ch_settings)
     seed.seed(client, experiment_id)
     client.close()
-    at = start()
+    at = start(None)
     assert not any("No data yet" in i.value for i in at.info)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Requests"] == "1,000"
@@ -134,7 +143,7 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     client = connect(ch_settings)
     seed.seed(client, experiment_id)
     client.close()
-    at = start()
+    at = start(None)
     diff = at.dataframe[1].value.set_index("arm")
     assert diff.loc["treatment", "prob_beat"] > 0.999
     assert diff.loc["treatment", "seq_verdict"] == "significant"
@@ -142,6 +151,8 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     per_arm = at.dataframe[0].value.set_index("arm")
     assert per_arm.loc["treatment", "model_calls"] == 160
     assert per_arm.loc["treatment", "traffic_share"] == pytest.approx(0.5)
+    switch(at, ATTRIBUTION)
+    assert at.selectbox(key="experiment").value == experiment_id  # the filters follow to the next page
     texts = _texts(at)
     assert "Kitagawa" in texts and "traffic mix" in texts
     assert at.selectbox(key="dec_dim").options == ["intent_cluster", "index_kind", "lifetime_bucket"]
@@ -150,8 +161,10 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     assert holm.at[1, "examples"] == "How do I reset my card PIN? · I forgot my PIN"
     about = next(t for t in tables if list(t.columns) == ["intent_cluster", "requests", "examples"])
     assert about["intent_cluster"].tolist() == [1, 2, 3]  # busiest first
+    switch(at, TIME_SERIES)
     at.selectbox(key="ts_metric").set_value("p95_ms").run()
     assert not at.exception
+    switch(at, CONTROL)
     # the control panel offers the arm's busiest clusters to override, not a blank id
     at.radio(key="ctl_scope").set_value("one intent cluster").run()
     picker = at.selectbox(key="ctl_cluster_pick")

@@ -1,11 +1,12 @@
-"""The Streamlit app without services: it must explain, not crash, when ClickHouse is away."""
+"""The Streamlit app without services: every page must explain, not crash, when ClickHouse is away."""
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from cache_core.settings import get_settings
 from infra.runtime import REPO_ROOT, free_port
 
-APP = str(REPO_ROOT / "dashboard" / "app.py")
+APP = str(REPO_ROOT / "dashboard" / "Home.py")
+PAGES = sorted(p.relative_to(REPO_ROOT / "dashboard").as_posix() for p in (REPO_ROOT / "dashboard" / "pages").glob("*.py"))
 
 
 @pytest.fixture
@@ -21,3 +22,13 @@ def test_unreachable_warehouse_shows_error_not_traceback(unreachable_warehouse):
     assert not at.exception
     assert any("Cannot read from ClickHouse" in e.value for e in at.error)
     assert at.title[0].value.startswith("scache")
+
+
+def test_every_page_says_so_too(unreachable_warehouse):
+    assert PAGES == ["pages/01_Time_series.py", "pages/02_Attribution.py", "pages/03_Control_panel.py"]
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, at.exception)
+        assert any("Cannot read from ClickHouse" in e.value for e in at.error), page
+        assert at.title[0].value.startswith("scache"), page

@@ -1,0 +1,82 @@
+"""The attribution page's sections: breakdowns by intent cluster, index precision and cache
+lifetime, and why two arms' hit rates differ (mix vs rate, Holm-adjusted per cluster)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from cache_core.experiments import HOLDOUT_ARM
+from dashboard import charts, data
+from dashboard.control import attribution as attribution_mod
+from dashboard.control import processing
+from dashboard.sections.common import NO_DATA, View, optional
+
+
+def attribution(view: View) -> None:
+    by_cluster = data.run(view.settings, "breakdown", view.filters, "intent_cluster")
+    if by_cluster.empty:
+        st.info(NO_DATA)
+        return
+    st.subheader("By intent cluster")
+    limit = st.slider("Clusters shown (by volume)", 5, 50, 15, key="cluster_limit")
+    examples = optional(view, "cluster_examples", view.filters)
+    shown = processing.top_clusters(by_cluster, limit)
+    if examples is not None and not examples.empty:
+        shown = processing.with_cluster_examples(shown, examples)
+    st.altair_chart(charts.breakdown_bars(shown, "intent_cluster"), use_container_width=True)
+    cluster_examples_table(shown, examples)
+    left, right = st.columns(2)
+    with left:
+        st.subheader("By index precision")
+        by_index = data.run(view.settings, "breakdown", view.filters, "index_kind")
+        st.altair_chart(charts.breakdown_bars(by_index, "index_kind"), use_container_width=True)
+        precision = processing.precision_frame(by_index)
+        st.dataframe(precision[["arm", "index_kind", "ann_checks", "ann_precision", "ci_low", "ci_high"]],
+                     hide_index=True)
+    with right:
+        st.subheader("By cache lifetime")
+        by_life = data.run(view.settings, "breakdown", view.filters, "lifetime_bucket")
+        shares = processing.lifetime_shares(by_life)
+        st.altair_chart(charts.breakdown_bars(shares, "lifetime_bucket", value_col="share",
+                                              value_title="share of the arm's requests"), use_container_width=True)
+        st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
+    decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life},
+                          examples)
+
+
+def cluster_examples_table(shown: pd.DataFrame, examples: pd.DataFrame | None) -> None:
+    """What the charted clusters are about: their most frequent queries, busiest first."""
+    if examples is None or examples.empty:
+        st.caption("Example queries per cluster appear once the cache emits query texts "
+                   "(SCACHE_CACHE__EMIT_QUERY_TEXT=true).")
+        return
+    volume = shown.groupby("intent_cluster", as_index=False)["requests"].sum().sort_values(
+        "requests", ascending=False)
+    with st.expander("What these clusters are about", expanded=False):
+        st.dataframe(processing.with_cluster_examples(volume, examples), hide_index=True,
+                     column_config={"examples": st.column_config.TextColumn("example queries", width="large")})
+
+
+def decomposition_section(view: View, frames: dict, examples: pd.DataFrame | None = None) -> None:
+    arms = sorted(set(frames["intent_cluster"]["arm"]) - {HOLDOUT_ARM})
+    if len(arms) < 2:
+        return
+    st.subheader("Why the hit rates differ")
+    baseline = processing.baseline_arm(arms, view.config) or arms[0]
+    cols = st.columns(3)
+    a = cols[0].selectbox("Baseline arm", arms, index=arms.index(baseline), key="dec_a")
+    others = [x for x in arms if x != a]
+    b = cols[1].selectbox("Compared arm", others, key="dec_b")
+    dim = cols[2].selectbox("Buckets", list(frames), key="dec_dim")
+    d = attribution_mod.decompose(frames[dim], dim, a, b)
+    st.altair_chart(charts.waterfall(attribution_mod.waterfall_frame(d)), use_container_width=True)
+    st.markdown(f"**{b} − {a} = {d.difference:+.2%}**: traffic mix {d.mix_effect:+.2%}, "
+                f"hit rates within buckets {d.rate_effect:+.2%}.")
+    st.caption("Method: " + attribution_mod.METHOD)
+    if dim == "intent_cluster":
+        holm = processing.cluster_comparison(frames[dim], a, b)
+        if examples is not None and not examples.empty:
+            holm = processing.with_cluster_examples(holm, examples)
+        st.markdown("Per-cluster differences (Holm-adjusted over all clusters compared)")
+        st.dataframe(holm, hide_index=True, column_config={
+            "diff": st.column_config.NumberColumn("Δ hit rate", format="percent")})

@@ -1,0 +1,92 @@
+"""The overview page's sections: per-arm table, sample-ratio check, comparison with the baseline."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data
+from dashboard.control import processing
+from dashboard.sections.common import NO_DATA, View, bucket_for, optional
+
+
+def overview(view: View) -> None:
+    summary = data.run(view.settings, "arm_summary", view.filters)
+    if summary.empty or summary["requests"].sum() == 0:
+        st.info(NO_DATA)
+        return
+    latency = data.run(view.settings, "latency_quantiles", view.filters)
+    false_hits = optional(view, "false_hits", view.filters)
+    dash = view.settings.dashboard
+    table = processing.overview_frame(summary, latency, dash.cost_per_call_usd, tokens_per_call=dash.tokens_per_call,
+                                      embedding_cost_usd=dash.embedding_cost_per_call_usd, false_hits=false_hits)
+    total_requests, total_hits = int(table["requests"].sum()), int(table["hits"].sum())
+    cols = st.columns(4)
+    cols[0].metric("Requests", f"{total_requests:,}")
+    cols[1].metric("Hit rate", f"{total_hits / total_requests:.1%}")
+    cols[2].metric("Model calls saved", f"{total_hits:,}")
+    cols[3].metric("Net savings", f"${table['net_savings_usd'].sum():,.2f}")
+    srm_section(view, summary)
+    st.subheader("Per arm")
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(table, hide_index=True, column_order=[
+        "arm", "traffic_share", "requests", "hit_rate", "ci_low", "ci_high", "false_hit_rate", "fh_low", "fh_high",
+        "labelled", "p50_ms", "p95_ms", "model_calls", "tokens_saved", "savings_usd", "embedding_cost_usd",
+        "net_savings_usd"], column_config={
+        "traffic_share": pct("traffic share"), "hit_rate": pct("hit rate"),
+        "ci_low": pct("95% CI low"), "ci_high": pct("95% CI high"),
+        "false_hit_rate": pct("false-hit rate"), "fh_low": pct("FH 95% low"), "fh_high": pct("FH 95% high"),
+        "p50_ms": st.column_config.NumberColumn("p50 ms", format="%.1f"),
+        "p95_ms": st.column_config.NumberColumn("p95 ms", format="%.1f"),
+        "savings_usd": st.column_config.NumberColumn("saved", format="$%.2f"),
+        "embedding_cost_usd": st.column_config.NumberColumn("embedding cost", format="$%.4f"),
+        "net_savings_usd": st.column_config.NumberColumn("net saved", format="$%.2f"),
+    })
+    st.caption(f"A hit saves one model call (${dash.cost_per_call_usd:g}, {dash.tokens_per_call} tokens); every "
+               f"cached-arm lookup costs ${dash.embedding_cost_per_call_usd:g} of embedding. False-hit rate: wrong "
+               "verdicts among feedback-labelled hits.")
+    st.altair_chart(charts.rate_with_interval(table), use_container_width=True)
+    comparison_section(view, summary)
+    variants = optional(view, "variant_summary", view.filters)
+    if variants is not None and (variants["variant"] == "canary").any():
+        st.subheader("Canary vs base units")
+        st.dataframe(variants, hide_index=True)
+
+
+def comparison_section(view: View, summary) -> None:
+    baseline = processing.baseline_arm(list(summary["arm"]), view.config)
+    if not baseline:
+        return
+    series = data.run(view.settings, "hit_rate_timeseries", view.filters, bucket_for(view))
+    comparison = processing.comparison_frame(summary, baseline, series)
+    if comparison.empty:
+        return
+    st.subheader(f"Difference vs {baseline}")
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(comparison, hide_index=True, column_order=[
+        "arm", "vs", "diff", "ci_low", "ci_high", "p", "prob_beat", "expected_loss", "seq_p", "seq_low",
+        "seq_high", "seq_verdict", "status"], column_config={
+        "diff": pct("Δ hit rate"), "ci_low": pct("95% CI low"), "ci_high": pct("95% CI high"),
+        "p": st.column_config.TextColumn("p (fixed horizon)"),
+        "prob_beat": pct("P(beats control)"),
+        "expected_loss": st.column_config.NumberColumn("expected loss", format="%.5f"),
+        "seq_p": st.column_config.TextColumn("always-valid p"),
+        "seq_low": pct("always-valid CI low"), "seq_high": pct("always-valid CI high"),
+        "seq_verdict": st.column_config.TextColumn("sequential"),
+    })
+    st.caption("Fixed-horizon z-test (valid once, at a planned sample size); Beta(1,1)-Binomial posterior; "
+               "mSPRT with a N(0, 0.05²) mixture over every refresh bucket — the always-valid p-value is the one "
+               "to watch all day.")
+
+
+def srm_section(view: View, summary) -> None:
+    if view.config is None:
+        st.caption("Sample-ratio check skipped: no definition for this experiment.")
+        return
+    srm = processing.srm_for(summary, view.config)
+    if srm.mismatch:
+        st.warning(f"Sample ratio mismatch: arm sizes {srm.observed} do not match the configured "
+                   f"split (chi² = {srm.chi2:.1f}, p = {srm.p_value:.2g}). Check assignment before "
+                   "trusting the comparison.")
+    elif srm.status == "ok":
+        st.caption(f"Sample-ratio check passed (p = {srm.p_value:.3f}).")
+    else:
+        st.caption(f"Sample-ratio check not computed: {srm.detail}.")
