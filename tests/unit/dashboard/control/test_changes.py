@@ -1,13 +1,11 @@
-"""dashboard.control: the pure parts (validation, next config, audit rows, what-if)."""
-import json
+"""dashboard.control.changes: config edits (validation, next config, canaries, multi settings, restore)."""
 import math
 
 import pandas as pd
 import pytest
 
-from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from dashboard.control import changes, publishing, whatif
+from dashboard.control import changes
 
 CONFIG = ExperimentConfig(
     experiment_id="threshold-ab", salt="s", version=4,
@@ -44,65 +42,6 @@ def test_with_threshold_zero_is_a_value():
 def test_with_threshold_unknown_arm_names_the_arms():
     with pytest.raises(ValueError, match=r"no arm 'nope'.*'control', 'treatment'"):
         changes.with_threshold(CONFIG, "nope", 0.5, "a", 1)
-
-
-def test_actor_required():
-    with pytest.raises(ValueError, match="actor is required"):
-        publishing._validate_actor("  ", "why")
-
-
-def test_audit_rows_match_table_columns():
-    new = changes.with_threshold(CONFIG, "treatment", 0.75, "alice", at_ms=1_700_000_000_000)
-    msg = ControlMessage(experiment=new, actor="alice", reason="more hits", ts_ms=1_700_000_000_000)
-    change, definition = publishing.audit_rows(msg, "treatment", 0.8, 4)
-    row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, change))
-    assert (row["old_threshold"], row["new_threshold"]) == (0.8, 0.75)
-    assert (row["old_version"], row["new_version"]) == (4, 5)
-    assert row["ts"].timestamp() == 1_700_000_000
-    assert json.loads(row["config_json"])["version"] == 5
-    assert dict(zip(publishing.EXPERIMENT_COLUMNS, definition))["version"] == 5
-
-
-HIST = pd.DataFrame({
-    # control: 4 decisions at sims 0.95 (hit), 0.85 (miss), 0.70 (miss), empty index (miss)
-    # treatment: 0.85 hit, 0.81 hit but a guard blocked one of two at 0.81
-    "arm": ["control", "control", "control", "control", "treatment", "treatment"],
-    "similarity_milli": pd.array([950, 850, 700, None, 850, 810], dtype="Int64"),
-    "decisions": [1, 1, 1, 1, 2, 2],
-    "hits": [1, 0, 0, 0, 2, 1],
-    "guard_blocks": [0, 0, 0, 0, 0, 1],
-})
-
-
-def test_whatif_at_current_threshold_reproduces_observed():
-    got = whatif.whatif_hit_rate(HIST, 0.90).set_index("arm")
-    assert got.loc["control", "est_hit_rate"] == got.loc["control", "observed_hit_rate"] == 0.25
-
-
-def test_whatif_lower_threshold_more_hits_guards_still_block():
-    got = whatif.whatif_hit_rate(HIST, 0.70).set_index("arm")
-    assert got.loc["control", "est_hits"] == 3  # the empty-index lookup stays a miss
-    assert got.loc["treatment", "est_hits"] == 3  # one of four was guard-blocked
-    assert got.loc["treatment", "est_hit_rate"] == 0.75
-
-
-def test_whatif_threshold_exactly_on_a_bin_edge_counts_it():
-    got = whatif.whatif_hit_rate(HIST, 0.85).set_index("arm")
-    assert got.loc["control", "est_hits"] == 2
-
-
-def test_whatif_empty_and_invalid():
-    assert whatif.whatif_hit_rate(HIST.iloc[0:0], 0.8).empty
-    with pytest.raises(ValueError):
-        whatif.whatif_hit_rate(HIST, 1.5)
-
-
-def test_whatif_curve_is_monotone():
-    curve = whatif.whatif_curve(HIST)
-    for _, arm_curve in curve.groupby("arm"):
-        rates = arm_curve.sort_values("threshold")["est_hit_rate"].tolist()
-        assert rates == sorted(rates, reverse=True)
-    assert set(curve["arm"]) == {"control", "treatment"}
 
 
 # -- change functions (pure) ----------------------------------------------------------
@@ -145,13 +84,6 @@ def test_previous_config_from_history_then_file():
     assert changes.previous_config(history, v6).version == 5
     assert changes.previous_config(history, v5, fallback=CONFIG).version == 4
     assert changes.previous_config(history.iloc[0:0], CONFIG, fallback=CONFIG) is None
-
-
-def test_canary_audit_row_records_share_and_tried_threshold():
-    started = changes.start_canary("treatment", 0.76, 0.1, 0.05, at_ms=99)(CONFIG).model_copy(update={"version": 5})
-    msg = ControlMessage(experiment=started, actor="bob", reason="canary", ts_ms=1_700_000_000_000)
-    row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, publishing.audit_rows(msg, "treatment", 0.8, 4)[0]))
-    assert (row["new_threshold"], row["canary_share"]) == (0.76, 0.1)
 
 
 # -- multi arms: score floor / answer margin -------------------------------------------
@@ -220,28 +152,6 @@ def test_restore_brings_back_the_multi_settings():
     restored = changes.restore_thresholds(MULTI)(new)
     assert restored.arm("mixed").multi == MULTI.arm("mixed").multi
     assert changes.changed_arms(MULTI, restored) == []
-
-
-def test_multi_audit_row_keeps_the_threshold_and_carries_the_new_margin():
-    new = changes.with_multi(MULTI, "mixed", "alice", 1_700_000_000_000, answer_margin=0.02)
-    msg = ControlMessage(experiment=new, actor="alice", reason="fewer near-ties", ts_ms=1_700_000_000_000)
-    row = dict(zip(publishing.THRESHOLD_CHANGE_COLUMNS, publishing.audit_rows(msg, "mixed", 0.8, 7)[0]))
-    assert (row["old_threshold"], row["new_threshold"], row["new_version"]) == (0.8, 0.8, 8)
-    assert json.loads(row["config_json"])["arms"][1]["multi"]["answer_margin"] == 0.02
-
-
-def _by(version: int, actor: str) -> ExperimentConfig:
-    return CONFIG.model_copy(update={"version": version, "updated_by": actor})
-
-
-def test_the_loser_of_a_push_race_is_told_who_won_at_which_version():
-    mine = ControlMessage(experiment=_by(8, "alice"), actor="alice")
-    same = publishing.VersionConflict("exp", 7, _by(8, "bob"), lost=mine)
-    assert "version 8 was claimed first by bob" in str(same) and "not audited" in str(same)
-    ahead = publishing.VersionConflict("exp", None, _by(9, "carol"), lost=mine)
-    assert "at config version 9 (by carol), ahead of your push of version 8" in str(ahead)
-    assert ahead.lost is mine and ahead.current.version == 9
-    assert "not version 7 you loaded" in str(publishing.VersionConflict("exp", 7, _by(8, "bob")))
 
 
 def test_multi_canary_start_promote_rollback():
