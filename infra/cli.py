@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "serve": ("infra.stack", ["serve"], "start the embedded stack for your own application"),
     "replay": ("infra.replay", [], "send a query log (JSON Lines / CSV) through the running cache"),
     "test": ("pytest", [], "run the test suite (from a clone: it needs tests/ and the services' jars)"),
-    "autotune": ("dashboard.autotune", [], "tune the arms' thresholds from the warehouse, once or on a schedule"),
+    "autotune": ("dashboard.control.autotune", [], "tune the arms' thresholds from the warehouse, once or on a schedule"),
     "seed": ("cache_core.seed", [], "store a file of answers into a running cache"),
     "settings": ("cache_core.settings", [], "list every SCACHE_* setting and the values in effect"),
 }
