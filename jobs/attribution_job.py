@@ -388,7 +388,8 @@ def create_environment(settings: Settings) -> StreamExecutionEnvironment:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="The scache attribution job (settings from SCACHE_*).")
+    parser = argparse.ArgumentParser(prog="python jobs/attribution_job.py",
+                                     description="The scache attribution job (settings from SCACHE_*).")
     parser.add_argument("--explain", action="store_true",
                         help="print the optimized plan of every row bound for ClickHouse and exit")
     return parser.parse_args(argv)

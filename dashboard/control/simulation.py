@@ -53,5 +53,26 @@ def aa_simulation(simulations: int = 400, looks: int = 40, per_look: int = 200, 
                     float(naive[:, -1].mean()))
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m dashboard.simulation", description=__doc__.splitlines()[0])
+    parser.add_argument("--simulations", type=int, default=400, help="A/A runs (default 400)")
+    parser.add_argument("--looks", type=int, default=40, help="looks at the data per run (default 40)")
+    parser.add_argument("--per-look", type=int, default=200, help="new trials per arm between looks (default 200)")
+    parser.add_argument("--rate", type=float, default=0.4, help="the true rate of both arms (default 0.4)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    for flag in ("simulations", "looks", "per_look"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if not 0 < args.rate < 1:
+        parser.error(f"--rate must be in (0, 1), got {args.rate}")
+    print(aa_simulation(args.simulations, args.looks, args.per_look, args.rate, seed=args.seed))
+    sys.stdout.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    print(aa_simulation())
+    raise SystemExit(main())

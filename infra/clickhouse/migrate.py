@@ -109,12 +109,18 @@ def apply_migrations(client: Client, database: str, directory: Path = MIGRATIONS
     return done
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from cache_core.chclient import connect
     from cache_core.logs import configure_logging
-    from cache_core.settings import get_settings
+    from cache_core.settings import settings_or_exit
 
-    settings = get_settings()
+    parser = argparse.ArgumentParser(prog="python -m infra.clickhouse.migrate",
+                                     description="Apply pending ClickHouse migrations to the database of "
+                                                 "SCACHE_CLICKHOUSE__* settings (safe to repeat).")
+    parser.parse_args(argv)
+    settings = settings_or_exit("migrate")
     configure_logging(settings.log_level, settings.log_format)
     try:
         # Connect to "default": the target database may not exist yet.

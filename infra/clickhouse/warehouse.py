@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = settings_or_exit("warehouse")
     default_port = urlsplit(settings.clickhouse.url).port or 8123
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.clickhouse.warehouse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=settings.clickhouse.data_dir)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port)

@@ -46,7 +46,10 @@ def _copy_dependencies(pom: Path, out: Path) -> None:
                            what="Flink Kafka connector", marker_text=connector_version(pom) + "\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m infra.flink.resolve", description="Resolve the Flink Kafka SQL connector jar from Maven Central (once) and print its path.").parse_args(argv)
     try:
         print(connector_jar())
     except (RuntimeError, FileNotFoundError, ValueError) as exc:

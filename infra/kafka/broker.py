@@ -231,7 +231,8 @@ def _answers(bootstrap: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a single-node Kafka broker in the foreground.")
+    parser = argparse.ArgumentParser(prog="python -m infra.kafka.broker",
+                                     description="Run a single-node Kafka broker in the foreground.")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--controller-port", type=int, default=None)

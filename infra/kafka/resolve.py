@@ -31,7 +31,10 @@ def kafka_classpath(pom: Path = POM) -> str:
     return str(resolve_jars(pom) / "*")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m infra.kafka.resolve", description="Resolve the Kafka broker's jars from Maven Central (once) and print their directory.").parse_args(argv)
     try:
         print(resolve_jars())
     except RuntimeError as exc:

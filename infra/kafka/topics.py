@@ -207,7 +207,8 @@ def _create_partitions(admin: KafkaAdminClient, topic: str, want: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Create scache's Kafka topics (from SCACHE_KAFKA__* settings).")
+    parser = argparse.ArgumentParser(prog="python -m infra.kafka.topics",
+                                     description="Create scache's Kafka topics (from SCACHE_KAFKA__* settings).")
     parser.add_argument("--bootstrap", help="override SCACHE_KAFKA__BOOTSTRAP_SERVERS")
     parser.add_argument("--timeout-s", type=float, default=30.0,
                         help="give up on an unreachable or slow cluster after this long (default 30)")
