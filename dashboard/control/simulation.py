@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m dashboard.simulation", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dashboard.control.simulation", description=__doc__.splitlines()[0])
     parser.add_argument("--simulations", type=int, default=400, help="A/A runs (default 400)")
     parser.add_argument("--looks", type=int, default=40, help="looks at the data per run (default 40)")
     parser.add_argument("--per-look", type=int, default=200, help="new trials per arm between looks (default 200)")

@@ -64,7 +64,7 @@ def runs(tmp_path_factory) -> dict[tuple[str, str], tuple[subprocess.CompletedPr
 
 
 def test_the_known_entry_points_are_found():
-    assert {"infra.clickhouse.migrate", "dashboard.simulation", "infra.kafka.broker", "cache_core.service",
+    assert {"infra.clickhouse.migrate", "dashboard.control.simulation", "infra.kafka.broker", "cache_core.service",
             "jobs.attribution_job", "infra.stack", "infra.replay", "infra.cli"} <= set(ENTRY_POINTS)
 
 
