@@ -1,4 +1,11 @@
-"""pandas transforms between query results and what the pages show (no Streamlit)."""
+"""pandas transforms between query results and what the pages show (no Streamlit).
+
+Two units of analysis, said apart on the page: counts, rates, latency and cost are
+per-request descriptions (from the attribution job's windows); every test, interval and
+sample-ratio check is per user, the unit ``assign()`` randomises (``ratio``, from the
+per-user sums of ``queries.unit_stats``). Given no per-user statistics (an older warehouse),
+the frames fall back to per-request Wilson / z-test / mSPRT and say so in ``basis``.
+"""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -6,6 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig
+from dashboard.control.ratio import (RatioStat, bayes_compare_ratios, diff_of_ratios, ratio_interval,
+                                     sequential_path_ratios)
 from dashboard.control.stats import (
     ProportionStat,
     SrmResult,
@@ -26,6 +35,35 @@ TIME_RANGES: dict[str, timedelta] = {
     "Last 30 days": timedelta(days=30),
 }
 TIMESERIES_POINTS = 60
+PER_USER, PER_REQUEST = "per user", "per request"
+"""``basis`` of a frame's intervals and tests: users as the unit (delta method) or requests."""
+_UNIT_SUMS = ["sum_x", "sum_y", "sum_x2", "sum_y2", "sum_xy"]
+
+
+def ratio_stats(units: pd.DataFrame | None) -> dict[str, RatioStat]:
+    """Arm -> RatioStat from a ``queries.unit_stats`` / ``unit_false_hits`` frame ({} for None)."""
+    if units is None or units.empty:
+        return {}
+    return {r.arm: RatioStat(int(r.units), *(float(getattr(r, c)) for c in _UNIT_SUMS))
+            for r in units.itertuples(index=False)}
+
+
+def cumulative_unit_paths(path: pd.DataFrame | None, arms: list[str]) -> dict[str, list[RatioStat]]:
+    """Cumulative per-user statistics per arm at each time bucket (``queries.unit_path``): the
+    looks of the sequential test. A bucket where an arm had no traffic repeats its totals."""
+    if path is None or path.empty:
+        return {arm: [] for arm in arms}
+    cols = ["units", *_UNIT_SUMS]
+    wide = path.pivot_table(index="bucket", columns="arm", values=cols, aggfunc="sum",
+                            fill_value=0).sort_index().cumsum()
+    out = {}
+    for arm in arms:
+        if ("units", arm) not in wide:
+            out[arm] = []
+            continue
+        out[arm] = [RatioStat(int(row[0]), *map(float, row[1:]))
+                    for row in zip(*(wide[(c, arm)] for c in cols))]
+    return out
 
 
 def time_window(label: str, now: datetime | None = None) -> tuple[datetime, datetime]:
@@ -57,9 +95,15 @@ def baseline_arm(arms: list[str], config: ExperimentConfig | None) -> str | None
 
 def overview_frame(summary: pd.DataFrame, latency: pd.DataFrame, cost_per_call_usd: float = 0.0, *,
                    tokens_per_call: int = 0, embedding_cost_usd: float = 0.0,
-                   false_hits: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per arm: traffic share, hit rate with its 95% Wilson interval, false-hit rate with
-    its interval (labelled hits), latency quantiles, model calls, tokens and cost saved.
+                   false_hits: pd.DataFrame | None = None, units: pd.DataFrame | None = None,
+                   unit_false_hits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per arm: traffic share, hit rate with its 95% interval, false-hit rate with its
+    interval (labelled hits), latency quantiles, model calls, tokens and cost saved.
+
+    Rates and counts are per request. The intervals are per user (delta method over the
+    arm's users, ``units`` / ``unit_false_hits`` from queries.unit_stats / unit_false_hits,
+    centred on the per-user data's own rate) when given, else per-request Wilson intervals;
+    ``users`` and ``basis`` say which.
 
     A hit saves one upstream call (``cost_per_call_usd``, ``tokens_per_call`` tokens);
     every request of a cached arm pays the cache's own lookup (``embedding_cost_usd``),
@@ -71,18 +115,27 @@ def overview_frame(summary: pd.DataFrame, latency: pd.DataFrame, cost_per_call_u
     labels = (false_hits.groupby("arm")[["correct", "wrong"]].sum()
               if false_hits is not None and not false_hits.empty else pd.DataFrame())
     total = int(summary["requests"].sum()) if not summary.empty else 0
+    users, labelled_users = ratio_stats(units), ratio_stats(unit_false_hits)
+    basis = PER_USER if units is not None else PER_REQUEST
     for r in summary.itertuples(index=False):
-        ci = wilson_interval(ProportionStat(int(r.requests), int(r.hits)))
         correct, wrong = (int(labels.at[r.arm, "correct"]), int(labels.at[r.arm, "wrong"])) \
             if r.arm in labels.index else (0, 0)
-        fh = wilson_interval(ProportionStat(correct + wrong, wrong))
+        request_ci = wilson_interval(ProportionStat(int(r.requests), int(r.hits)))
+        request_fh = wilson_interval(ProportionStat(correct + wrong, wrong))
+        if units is not None:
+            ci = ratio_interval(users[r.arm]) if r.arm in users else None
+            fh = ratio_interval(labelled_users[r.arm]) if r.arm in labelled_users else None
+        else:
+            ci, fh = request_ci, request_fh
         lookups = 0 if r.arm == HOLDOUT_ARM else int(r.requests)
         savings = int(r.hits) * cost_per_call_usd
         rows.append({
             "arm": r.arm, "traffic_share": int(r.requests) / total if total else None,
             "requests": int(r.requests), "hits": int(r.hits),
-            "hit_rate": ci.rate, "ci_low": ci.low, "ci_high": ci.high,
-            "labelled": correct + wrong, "false_hit_rate": fh.rate, "fh_low": fh.low, "fh_high": fh.high,
+            "users": users[r.arm].n if r.arm in users else None,
+            "hit_rate": request_ci.rate, "ci_low": ci and ci.low, "ci_high": ci and ci.high,
+            "labelled": correct + wrong, "false_hit_rate": request_fh.rate,
+            "fh_low": fh and fh.low, "fh_high": fh and fh.high, "basis": basis,
             "p50_ms": lat.at[r.arm, "p50_ms"] if r.arm in lat.index else None,
             "p95_ms": lat.at[r.arm, "p95_ms"] if r.arm in lat.index else None,
             "latency_mean_ms": r.latency_mean_ms, "similarity_mean": r.similarity_mean,
@@ -121,28 +174,40 @@ def format_p_value(p: float | None) -> str:
     return "<0.0001" if p < 0.0001 else f"{p:.4f}"
 
 
-def comparison_frame(summary: pd.DataFrame, baseline: str,
-                     series: pd.DataFrame | None = None) -> pd.DataFrame:
+def comparison_frame(summary: pd.DataFrame, baseline: str, series: pd.DataFrame | None = None, *,
+                     units: pd.DataFrame | None = None, unit_path: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every non-holdout arm vs ``baseline``: difference in hit rate with its 95% CI and
-    p-value (fixed horizon), the Bayesian chance to beat the baseline and expected loss,
-    and, given the time ``series``, the always-valid (mSPRT) p-value over its buckets."""
-    stats = {r.arm: ProportionStat(int(r.requests), int(r.hits)) for r in summary.itertuples(index=False)}
+    p-value (fixed horizon), the chance to beat the baseline and expected loss, and the
+    always-valid (mSPRT) p-value over the time buckets.
+
+    Per user (``units``: queries.unit_stats, ``unit_path``: queries.unit_path): z-test,
+    normal posterior and mSPRT on the delta-method variances. Without them, per request
+    (``summary`` and ``series``: Bernoulli trials, Beta-Binomial posteriors)."""
+    per_user = units is not None
+    if per_user:
+        stats = ratio_stats(units)
+        paths = cumulative_unit_paths(unit_path, list(stats)) if unit_path is not None else {}
+        diff_test, bayes_test, path_test = diff_of_ratios, bayes_compare_ratios, sequential_path_ratios
+    else:
+        stats = {r.arm: ProportionStat(int(r.requests), int(r.hits)) for r in summary.itertuples(index=False)}
+        paths = cumulative_paths(series, list(stats)) if series is not None else {}
+        diff_test, bayes_test, path_test = diff_of_proportions, bayes_compare, sequential_path
     if baseline not in stats:
         return pd.DataFrame()
-    paths = cumulative_paths(series, list(stats)) if series is not None else {}
     rows = []
     for arm, stat in stats.items():
         if arm in (baseline, HOLDOUT_ARM):
             continue
-        result = diff_of_proportions(stats[baseline], stat)
-        bayes = bayes_compare(stats[baseline], stat)
+        result = diff_test(stats[baseline], stat)
+        bayes = bayes_test(stats[baseline], stat)
         row = {"arm": arm, "vs": baseline, "diff": result.diff,
                "ci_low": result.ci_low, "ci_high": result.ci_high,
                "relative_lift": result.relative_lift, "p_value": result.p_value,
                "p": format_p_value(result.p_value), "status": result.status, "detail": result.detail,
-               "prob_beat": bayes.prob_treatment_better, "expected_loss": bayes.expected_loss_treatment}
+               "prob_beat": bayes.prob_treatment_better, "expected_loss": bayes.expected_loss_treatment,
+               "basis": PER_USER if per_user else PER_REQUEST}
         if paths.get(arm) and paths.get(baseline):
-            seq = sequential_path(paths[baseline], paths[arm])
+            seq = path_test(paths[baseline], paths[arm])
             row.update(seq_p_value=seq.p_value, seq_p=format_p_value(seq.p_value),
                        seq_low=seq.ci_low, seq_high=seq.ci_high,
                        seq_verdict="significant" if seq.reject else "keep watching")
@@ -178,10 +243,12 @@ def cluster_comparison(by_cluster: pd.DataFrame, baseline: str, arm: str,
     return df[columns]
 
 
-def srm_for(summary: pd.DataFrame, config: ExperimentConfig) -> SrmResult:
-    """SRM check of observed requests per arm against the config's assignment probabilities."""
+def srm_for(units: pd.DataFrame, config: ExperimentConfig) -> SrmResult:
+    """SRM check of the distinct users per arm (``queries.unit_stats``; the unit ``assign()``
+    randomises) against the config's assignment probabilities. Requests per arm are not
+    checked: a heavy user moves them without any assignment fault."""
     weights = {arm: p for arm, p in config.arm_probabilities().items() if p > 0}
-    observed = {r.arm: int(r.requests) for r in summary.itertuples(index=False) if r.requests}
+    observed = {r.arm: int(r.units) for r in units.itertuples(index=False) if r.units}
     return srm_check(observed, weights)
 
 

@@ -263,3 +263,24 @@ def threshold_changes(client, filters: Filters) -> pd.DataFrame:
 def experiments(client) -> pd.DataFrame:
     """Experiment ids with their latest stored version and ``config_json`` ('' if only seen in data)."""
     return _frame(client, sql.EXPERIMENTS_SQL, {})
+
+
+def unit_stats(client, filters: Filters) -> pd.DataFrame:
+    """Per arm, over users (``unit_id``): units and the delta method's sums of requests (x) and
+    hits (y) per user (see ``ratio.RatioStat``). Every decision counts, the holdout's too."""
+    return _frame(client, sql.UNIT_STATS_SQL, filters.parameters())
+
+
+def unit_false_hits(client, filters: Filters) -> pd.DataFrame:
+    """Per arm, over users: units and the sums of labelled hits (x) and wrong ones (y) per user."""
+    return _frame(client, sql.UNIT_FALSE_HITS_SQL, filters.parameters())
+
+
+def unit_path(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
+    """Per arm and time bucket: what the bucket adds to the cumulative per-user sums (new users,
+    and the growth of sum x, y, x², y², xy); ``processing.cumulative_unit_paths`` adds them up."""
+    _check_bucket(bucket_s)
+    df = _frame(client, sql.UNIT_PATH_SQL, {**filters.parameters(), "bucket_s": int(bucket_s)})
+    if not df.empty:
+        df["bucket"] = pd.to_datetime(df["bucket"], utc=True)
+    return df

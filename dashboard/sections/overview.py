@@ -15,21 +15,24 @@ def overview(view: View) -> None:
         return
     latency = data.run(view.settings, "latency_quantiles", view.filters)
     false_hits = optional(view, "false_hits", view.filters)
+    units = optional(view, "unit_stats", view.filters)
+    unit_false_hits = optional(view, "unit_false_hits", view.filters) if units is not None else None
     dash = view.settings.dashboard
     table = processing.overview_frame(summary, latency, dash.cost_per_call_usd, tokens_per_call=dash.tokens_per_call,
-                                      embedding_cost_usd=dash.embedding_cost_per_call_usd, false_hits=false_hits)
+                                      embedding_cost_usd=dash.embedding_cost_per_call_usd, false_hits=false_hits,
+                                      units=units, unit_false_hits=unit_false_hits)
     total_requests, total_hits = int(table["requests"].sum()), int(table["hits"].sum())
     cols = st.columns(4)
     cols[0].metric("Requests", f"{total_requests:,}")
     cols[1].metric("Hit rate", f"{total_hits / total_requests:.1%}")
     cols[2].metric("Model calls saved", f"{total_hits:,}")
     cols[3].metric("Net savings", f"${table['net_savings_usd'].sum():,.2f}")
-    srm_section(view, summary)
+    srm_section(view, units)
     st.subheader("Per arm")
     pct = lambda label: st.column_config.NumberColumn(label, format="percent")
     st.dataframe(table, hide_index=True, column_order=[
-        "arm", "traffic_share", "requests", "hit_rate", "ci_low", "ci_high", "false_hit_rate", "fh_low", "fh_high",
-        "labelled", "p50_ms", "p95_ms", "model_calls", "tokens_saved", "savings_usd", "embedding_cost_usd",
+        "arm", "traffic_share", "requests", "users", "hit_rate", "ci_low", "ci_high", "false_hit_rate", "fh_low",
+        "fh_high", "labelled", "p50_ms", "p95_ms", "model_calls", "tokens_saved", "savings_usd", "embedding_cost_usd",
         "net_savings_usd"], column_config={
         "traffic_share": pct("traffic share"), "hit_rate": pct("hit rate"),
         "ci_low": pct("95% CI low"), "ci_high": pct("95% CI high"),
@@ -43,6 +46,7 @@ def overview(view: View) -> None:
     st.caption(f"A hit saves one model call (${dash.cost_per_call_usd:g}, {dash.tokens_per_call} tokens); every "
                f"cached-arm lookup costs ${dash.embedding_cost_per_call_usd:g} of embedding. False-hit rate: wrong "
                "verdicts among feedback-labelled hits.")
+    st.caption(basis_note(table["basis"].iloc[0]))
     st.altair_chart(charts.rate_with_interval(table), use_container_width=True)
     comparison_section(view, summary)
     variants = optional(view, "variant_summary", view.filters)
@@ -55,8 +59,13 @@ def comparison_section(view: View, summary) -> None:
     baseline = processing.baseline_arm(list(summary["arm"]), view.config)
     if not baseline:
         return
-    series = data.run(view.settings, "hit_rate_timeseries", view.filters, bucket_for(view))
-    comparison = processing.comparison_frame(summary, baseline, series)
+    units = optional(view, "unit_stats", view.filters)
+    if units is not None:
+        path = optional(view, "unit_path", view.filters, bucket_for(view))
+        comparison = processing.comparison_frame(summary, baseline, units=units, unit_path=path)
+    else:
+        series = data.run(view.settings, "hit_rate_timeseries", view.filters, bucket_for(view))
+        comparison = processing.comparison_frame(summary, baseline, series)
     if comparison.empty:
         return
     st.subheader(f"Difference vs {baseline}")
@@ -72,21 +81,40 @@ def comparison_section(view: View, summary) -> None:
         "seq_low": pct("always-valid CI low"), "seq_high": pct("always-valid CI high"),
         "seq_verdict": st.column_config.TextColumn("sequential"),
     })
-    st.caption("Fixed-horizon z-test (valid once, at a planned sample size); Beta(1,1)-Binomial posterior; "
-               "mSPRT with a N(0, 0.05²) mixture over every refresh bucket — the always-valid p-value is the one "
-               "to watch all day.")
+    if units is not None:
+        st.caption("Per user (the unit of randomisation): hit rate as a ratio of per-user sums, delta-method "
+                   "variances. Fixed-horizon z-test (valid once, at a planned sample size); normal posterior of the "
+                   "difference; mSPRT with a N(0, 0.05²) mixture over every refresh bucket — the always-valid "
+                   "p-value is the one to watch all day.")
+    else:
+        st.caption("Per request (no per-user data in the warehouse): fixed-horizon z-test; Beta(1,1)-Binomial "
+                   "posterior; mSPRT with a N(0, 0.05²) mixture. Requests of one user are not independent, so "
+                   "these understate the uncertainty.")
 
 
-def srm_section(view: View, summary) -> None:
+def basis_note(basis: str) -> str:
+    """What the per-arm table's numbers are per."""
+    if basis == processing.PER_USER:
+        return ("Requests, hit rate, false-hit rate, latency and savings are per request (descriptive). The 95% "
+                "intervals are per user, the unit the experiment randomises: the rate's variance by the delta "
+                "method over each arm's users (from the decisions, last 14 days at most).")
+    return ("All numbers per request: no per-user data in the warehouse, so the intervals treat requests as "
+            "independent and are too narrow when users send several.")
+
+
+def srm_section(view: View, units) -> None:
     if view.config is None:
         st.caption("Sample-ratio check skipped: no definition for this experiment.")
         return
-    srm = processing.srm_for(summary, view.config)
+    if units is None or units.empty:
+        st.caption("Sample-ratio check not computed: no per-user data for this range.")
+        return
+    srm = processing.srm_for(units, view.config)
     if srm.mismatch:
-        st.warning(f"Sample ratio mismatch: arm sizes {srm.observed} do not match the configured "
+        st.warning(f"Sample ratio mismatch: users per arm {srm.observed} do not match the configured "
                    f"split (chi² = {srm.chi2:.1f}, p = {srm.p_value:.2g}). Check assignment before "
                    "trusting the comparison.")
     elif srm.status == "ok":
-        st.caption(f"Sample-ratio check passed (p = {srm.p_value:.3f}).")
+        st.caption(f"Sample-ratio check passed on users per arm {srm.observed} (p = {srm.p_value:.3f}).")
     else:
         st.caption(f"Sample-ratio check not computed: {srm.detail}.")

@@ -238,3 +238,42 @@ def test_multi_score_histogram_feeds_the_floor_and_margin_tuning(multi_seeded):
     table = whatif.multi_table(mx, [0.5], [0.01], lowest_floor=0.5, lowest_margin=0.01).iloc[0]
     assert (table["decisions"], table["est_hits"], table["labelled"], table["wrong"]) == (7, 2, 2, 1)
     assert queries.multi_score_histogram(client, filters, ()).empty
+
+
+# -- per user (dashboard.control.ratio): the delta method's sums computed in ClickHouse ---
+
+def test_unit_statistics_match_the_per_user_sums(warehouse, ch_settings):
+    """Three users across two arms and two minutes, one request re-sent (FINAL counts it
+    once), one event without a unit id (a user of its own), labels on some hits."""
+    import numpy as np
+
+    from cache_core.chclient import connect
+    from dashboard.control import processing
+    from dashboard.control.ratio import RatioStat
+
+    client = connect(ch_settings)
+    experiment_id = f"dash-u-{uuid.uuid4().hex[:8]}"
+    t0 = (int(pd.Timestamp.now(tz="UTC").timestamp()) // 60 - 5) * 60_000
+    # (request, unit, arm, minute, hit)
+    decisions = [("r1", "u1", "control", 0, True), ("r2", "u1", "control", 0, False), ("r3", "u1", "control", 1, True),
+                 ("r4", "u2", "control", 1, False), ("r5", "u3", "treatment", 0, True), ("r6", "u3", "treatment", 1, True),
+                 ("r7", "", "treatment", 1, False)]
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "unit_id", "decision", "hit"]
+    rows = [["decision", f"{experiment_id}-{r}", t0 + m * 60_000 + i, "default", experiment_id, arm, u,
+             "hit" if hit else "miss", hit] for i, (r, u, arm, m, hit) in enumerate(decisions)]
+    client.insert("events_raw", rows + rows[:1], column_names=names)  # r1 twice
+    client.insert("feedback_raw", [[1, f"{experiment_id}-r1", "wrong", t0 + 9, "t"], [1, f"{experiment_id}-r3", "correct", t0 + 9, "t"],
+                                   [1, f"{experiment_id}-r5", "correct", t0 + 9, "t"]],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    start = pd.Timestamp(t0, unit="ms", tz="UTC").to_pydatetime()
+    filters = queries.Filters(experiment_id, start, start + timedelta(minutes=10))
+    stats = processing.ratio_stats(queries.unit_stats(client, filters))
+    assert stats["control"] == RatioStat.from_units([3, 1], [2, 0])
+    assert stats["treatment"] == RatioStat.from_units([2, 1], [2, 0])
+    labels = processing.ratio_stats(queries.unit_false_hits(client, filters))
+    assert labels["control"] == RatioStat.from_units([2], [1]) and labels["treatment"] == RatioStat.from_units([1], [0])
+    paths = processing.cumulative_unit_paths(queries.unit_path(client, filters, 60), ["control", "treatment"])
+    assert paths["control"] == [RatioStat.from_units([2], [1]), RatioStat.from_units([3, 1], [2, 0])]
+    assert paths["treatment"] == [RatioStat.from_units([1], [1]), RatioStat.from_units([2, 1], [2, 0])]
+    assert np.isclose(paths["control"][-1].rate, 0.5)
+    client.close()

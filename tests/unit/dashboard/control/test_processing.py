@@ -52,10 +52,43 @@ def test_format_p_value():
     assert processing.format_p_value(0.04213) == "0.0421"
 
 
-def test_srm_uses_config_probabilities():
-    skewed = SUMMARY.assign(requests=[1000, 1200])
-    assert processing.srm_for(skewed, CONFIG).mismatch
-    assert not processing.srm_for(SUMMARY, CONFIG).mismatch
+def _units(users: list[int]) -> pd.DataFrame:
+    return pd.DataFrame({"arm": ["control", "treatment"], "units": users, "sum_x": [10 * u for u in users],
+                         "sum_y": [3 * u for u in users], "sum_x2": [200 * u for u in users],
+                         "sum_y2": [20 * u for u in users], "sum_xy": [50 * u for u in users]})
+
+
+def test_srm_counts_users_with_the_config_probabilities():
+    assert processing.srm_for(_units([1000, 1200]), CONFIG).mismatch
+    assert not processing.srm_for(_units([1000, 1040]), CONFIG).mismatch
+    # requests are not what SRM checks: a heavy user moves them, not the split
+    assert processing.srm_for(_units([1000, 1040]), CONFIG).observed == {"control": 1000, "treatment": 1040}
+
+
+def test_per_user_intervals_and_comparison_say_so():
+    latency = pd.DataFrame({"arm": ["control"], "p50_ms": [3.0], "p95_ms": [9.0]})
+    units = _units([1000, 1040]).assign(sum_y=[3000.0, 3900.0])
+    table = processing.overview_frame(SUMMARY, latency, units=units).set_index("arm")
+    assert table.at["control", "basis"] == processing.PER_USER and table.at["control", "users"] == 1000
+    assert table.at["control", "hit_rate"] == pytest.approx(0.611)  # the request-level description stays
+    per_request = processing.overview_frame(SUMMARY, latency).set_index("arm")
+    assert per_request.at["control", "basis"] == processing.PER_REQUEST
+    # the interval is that of the per-user data (3 hits of 10 requests per user)
+    assert table.at["control", "ci_low"] < 0.3 < table.at["control", "ci_high"]
+    cmp = processing.comparison_frame(SUMMARY, "control", units=units).set_index("arm")
+    assert cmp.at["treatment", "basis"] == processing.PER_USER
+    assert cmp.at["treatment", "diff"] == pytest.approx(3900 / 10400 - 0.3)
+
+
+def test_unit_paths_accumulate_per_bucket():
+    path = pd.DataFrame({"arm": ["control", "treatment", "control"],
+                         "bucket": pd.to_datetime([1, 1, 2], unit="m", utc=True),
+                         "units": [2, 3, 1], "sum_x": [4, 6, 3], "sum_y": [1, 2, 1], "sum_x2": [8, 12, 9],
+                         "sum_y2": [1, 2, 1], "sum_xy": [2, 4, 3]})
+    paths = processing.cumulative_unit_paths(path, ["control", "treatment", "holdout"])
+    assert [s.n for s in paths["control"]] == [2, 3] and paths["control"][-1].sum_x2 == 17
+    assert [s.n for s in paths["treatment"]] == [3, 3]  # no traffic in bucket 2: totals repeat
+    assert paths["holdout"] == []
 
 
 def test_top_clusters_keeps_biggest():
