@@ -40,12 +40,13 @@ import numpy as np
 import pandas as pd
 
 from bench.lookup_latency import BANKING77, corpus_vectors, fill, pct, registry_for
-from cache_core.ann_check import AnnChecker
-from cache_core.cache import Partition, SemanticCache
+from cache_core.cache import SemanticCache
 from cache_core.embedder import BatchingEncoder, load_embedder
 from cache_core.event_worker import EventWorker
-from cache_core.index import set_search_threads
 from cache_core.settings import CacheSettings
+from cache_core.store.ann_check import AnnChecker
+from cache_core.store.faiss import set_search_threads
+from cache_core.store.partition import Partition
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("none", "single", "single-blas2", "batched")

@@ -48,7 +48,7 @@ import pandas as pd
 from cache_core.cache import SemanticCache
 from cache_core.embedder import load_embedder, normalise, resolve_model_path
 from cache_core.experiments import ArmConfig, ExperimentConfig, MultiSimilarityConfig, assign
-from cache_core.index import set_search_threads
+from cache_core.store.faiss import set_search_threads
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import CacheSettings
 from infra.runtime import shared_data_dir

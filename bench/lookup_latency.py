@@ -38,7 +38,7 @@ import uvicorn
 from cache_core.types import CacheEntry, entry_bytes
 from cache_core.embedder import BatchingEncoder, load_embedder, normalise
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from cache_core.index import IndexSpec, set_search_threads
+from cache_core.store.faiss import IndexSpec, set_search_threads
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components

@@ -119,7 +119,7 @@ class CacheSettings(_Documented):
     heartbeat_interval_s: float = Field(2.0, gt=0)
     """Heartbeats to every events partition, so the Flink watermark advances on quiet ones."""
     ann_check_batch_size: int = Field(64, ge=1)
-    """Sampled ANN-vs-exact checks run in batches per partition (cache_core.ann_check): one exact
+    """Sampled ANN-vs-exact checks run in batches per partition (cache_core.store.ann_check): one exact
     scan for up to this many queries; 1 turns batching off."""
     ann_check_batch_wait_ms: float = Field(50.0, ge=0, le=5000)
     """A batch runs when full or when its oldest check has waited this long (its event waits too)."""

@@ -18,7 +18,7 @@ from cache_core.events import CacheEvent
 from cache_core.experiments import TtlPolicy
 
 if TYPE_CHECKING:
-    from cache_core.index import IndexMark
+    from cache_core.store.faiss import IndexMark
 
 ENTRY_OVERHEAD_BYTES = 256
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from cache_core.ann_check import AnnChecker
+from cache_core.store.ann_check import AnnChecker
 from cache_core.cache import SemanticCache
 from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker

@@ -7,7 +7,7 @@ import pytest
 
 from cache_core.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
-from cache_core.index import IndexSpec
+from cache_core.store.faiss import IndexSpec
 from tests.unit.cache_helpers import at_cosine, unit_vec
 from tests.unit.test_cache_logic import E0, make_cache
 

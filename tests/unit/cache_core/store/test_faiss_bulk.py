@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cache_core.embedder import normalise
-from cache_core.index import IndexSpec, VectorIndex
+from cache_core.store.faiss import IndexSpec, VectorIndex
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])

@@ -1,4 +1,4 @@
-"""Batched ANN checks (cache_core.ann_check): the same results as single checks on every
+"""Batched ANN checks (cache_core.store.ann_check): the same results as single checks on every
 index kind with deleted and expired entries, a full queue that drops without blocking and
 counts, a shutdown that drains, and the events that carry the results."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from cache_core.ann_check import AnnChecker
+from cache_core.store.ann_check import AnnChecker
 from cache_core.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
@@ -188,7 +188,7 @@ def test_a_full_queue_drops_checks_without_blocking_counts_and_logs(caplog):
     cache, _, sink, _ = filled_cache("flat", entries=100, event_executor=executor, ann_checker=checker)
     executor.run_all()
     sink.events.clear()
-    caplog.set_level(logging.WARNING, logger="cache_core.ann_check")
+    caplog.set_level(logging.WARNING, logger="cache_core.store.ann_check")
     started = time.perf_counter()
     results = [cache.lookup(f"t{i}", unit_id="u") for i in range(0, 100, 10)]
     assert time.perf_counter() - started < 2.0  # ten lookups never waited for a minute-long batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_core.index import IVF_POINTS_PER_LIST, IndexSpec, VectorIndex
+from cache_core.store.faiss import IVF_POINTS_PER_LIST, IndexSpec, VectorIndex
 
 
 def clustered_vectors(n: int, dim: int = 32, centers: int = 20, seed: int = 0) -> np.ndarray:

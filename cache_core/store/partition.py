@@ -1,0 +1,326 @@
+"""Partition: one store of the cache — its entries in LRU order, one vector index per
+conversation scope (cache_core.store.faiss), the exact twin's stepped scans for ANN
+checks, and its capacity (entries and bytes) with LRU eviction.
+
+Which partition a request reads and writes (per arm, or shared by an experiment's arms)
+is the cache's business (cache_core.cache); admission tiers are cache_core.admission's.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+from cache_core.store.base import VectorStore
+from cache_core.store.faiss import IndexMark, IndexSpec, VectorIndex
+from cache_core.types import CacheEntry, Candidate, SearchOutcome, text_key
+
+SEARCH_K = 5
+# How far from the LRU end eviction looks for an unprotected / expired victim.
+EVICTION_SCAN = 64
+# The background ANN check scans the exact twin in steps of EXACT_BLOCK_ROWS rows,
+# releasing the partition lock in between (about 0.2 ms per step with 384 dimensions).
+# A batch of checks multiplies at most EXACT_BLOCK_CELLS query x row pairs per step
+# (16 queries: 2048 rows, 64: 512), so its lock hold stays about 1 ms (10^5 x 384, one
+# thread: a full pass costs ~25 ms for 1 query, ~45 ms for 8, ~150 ms for 64), and a
+# step never goes under EXACT_BLOCK_MIN_ROWS rows.
+EXACT_BLOCK_ROWS = 2048
+EXACT_BLOCK_CELLS = EXACT_BLOCK_ROWS * 16
+EXACT_BLOCK_MIN_ROWS = 256
+
+
+def _ranked(index: VectorStore, scores: list[np.ndarray], ids: list[np.ndarray],
+            k: int) -> list[list[tuple[str, float]]]:
+    """Per query, (entry_id, score) best first from the blocks' top-k of a batched scan;
+    like ``exact_block_many``, an id that is no longer live is left out."""
+    if not scores:
+        return []
+    scores_all, ids_all = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
+    out = []
+    for row_scores, row_ids in zip(scores_all, ids_all):
+        order = np.argsort(-row_scores, kind="stable")[:k]
+        names = index.labels(row_ids[order])
+        out.append([(name, float(row_scores[i])) for name, i in zip(names, order)
+                    if name is not None and np.isfinite(row_scores[i])])  # -inf: masked out
+    return out
+
+
+def ann_agreement(raw: list[tuple[str, float]], exact: list[tuple[str, float]]) -> SearchOutcome:
+    """ANN top-k vs exact top-k: top-1 agreement and recall@k (empty exact: not checked)."""
+    if not exact:
+        return SearchOutcome(best=None)
+    # Equal scores may come back in either order: a tie counts as agreement.
+    agree = bool(raw) and (raw[0][0] == exact[0][0] or abs(raw[0][1] - exact[0][1]) < 1e-6)
+    recall = len({e for e, _ in raw} & {e for e, _ in exact}) / len(exact)
+    return SearchOutcome(best=None, ann_checked=True, ann_agree=agree, ann_recall_at_k=recall)
+
+
+def _compare_since(index: VectorStore | None, raw: list[tuple[str, float]],
+                   exact: list[tuple[str, float]], mark: IndexMark | None) -> SearchOutcome:
+    """``ann_agreement`` on the entries present both at the lookup (``mark``) and now.
+    Each raw entry gone since takes one slot off the exact list too, so that the next
+    exact entry does not count as one the index missed."""
+    if mark is None:
+        return ann_agreement(raw, exact)
+    if index is not mark.index:  # the arm changed index structure: nothing to compare with
+        return SearchOutcome(best=None)
+
+    def present(entry_id: str) -> bool:
+        internal = index.internal_id(entry_id)
+        return internal is not None and internal < mark.next_id
+
+    kept_raw = [r for r in raw if present(r[0])]
+    if raw and not kept_raw:  # all the lookup saw has gone since: nothing left to judge it by
+        return SearchOutcome(best=None)
+    kept_exact = [e for e in exact if present(e[0])]
+    slots = max(len(kept_exact) - (len(raw) - len(kept_raw)), 1)
+    return ann_agreement(kept_raw, kept_exact[:slots])
+
+
+class Partition:
+    """One store: its entries in LRU order, one vector index per conversation scope,
+    and its capacity. All methods take the partition lock."""
+
+    def __init__(self, key: tuple[str, str, str], dim: int, spec: IndexSpec,
+                 capacity_entries: int, capacity_bytes: int):
+        self.key = key
+        self.dim = dim
+        self.spec = spec
+        self.capacity_entries = capacity_entries
+        self.capacity_bytes = capacity_bytes
+        self.lock = threading.RLock()
+        self.entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self.indexes: dict[str, VectorStore] = {}
+        self.by_text: dict[tuple[str, str], str] = {}
+        self.bytes = 0
+        self.evictions = 0
+        self.expirations = 0
+        self.journal = None
+        """Persistence hook (cache_core.persistence.Journal): told of every insert and removal."""
+        self.mutations = 0
+        """Bumped by every insert, removal and rebuild (a stepped exact scan restarts on change)."""
+        self.applied = None
+        """The experiment snapshot the layout was last aligned to (skip re-aligning it)."""
+        self.retired = False
+        """Taken out of the cache's map (a clear, or idle and empty): inserts go to its successor."""
+        self.lookup_waiting_since = 0.0
+        """perf_counter() when a lookup last started waiting for the lock (0: none): a
+        hint that makes the background exact scan step aside (Python locks are unfair)."""
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- configuration ----------------------------------------------------------------
+
+    def reconfigure(self, spec: IndexSpec, capacity_entries: int, capacity_bytes: int) -> None:
+        """Follow the arm config in force: rebuild indexes if their structure changed."""
+        self.capacity_entries, self.capacity_bytes = capacity_entries, capacity_bytes
+        if spec == self.spec:
+            return
+        self.spec = spec
+        self.mutations += 1
+        old = list(self.entries.values())
+        self.indexes = {}
+        for entry in old:
+            self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+
+    def _index_for(self, scope: str | None) -> VectorStore:
+        key = scope or ""
+        if key not in self.indexes:
+            self.indexes[key] = VectorIndex(self.dim, self.spec)
+        return self.indexes[key]
+
+    # -- search -----------------------------------------------------------------------
+
+    def search(self, vec: np.ndarray, scope: str | None, now: float,
+               k: int = SEARCH_K) -> SearchOutcome:
+        """Live candidates, best first. The ANN check is separate (``ann_check``), so it
+        can run after the answer has left."""
+        index = self.indexes.get(scope or "")
+        if index is None or len(index) == 0:
+            return SearchOutcome(best=None)
+        raw = index.search(vec, k)
+        outcome = SearchOutcome(best=None, raw=raw)
+        outcome.candidates = self._alive(index, vec, raw, now, k)
+        outcome.best = outcome.candidates[0] if outcome.candidates else None
+        outcome.mark = index.mark()
+        return outcome
+
+    def ann_check(self, vec: np.ndarray, scope: str | None, raw: list[tuple[str, float]],
+                  mark: IndexMark | None = None, k: int = SEARCH_K, restarts: int = 2) -> SearchOutcome:
+        """Compare the ANN answer ``raw`` with an exact search over the scope's vectors
+        (``ann_check_many`` for a batch of one)."""
+        return self.ann_check_many(np.asarray(vec, dtype=np.float32).reshape(1, -1), scope, [raw],
+                                   [mark], k=k, restarts=restarts)[0]
+
+    def ann_check_many(self, vecs: np.ndarray, scope: str | None,
+                       raws: list[list[tuple[str, float]]], marks: list[IndexMark | None] | None = None,
+                       k: int = SEARCH_K, block_cells: int = EXACT_BLOCK_CELLS,
+                       restarts: int = 2) -> list[SearchOutcome]:
+        """``ann_check`` for a batch of queries on one scope: one stepped exact scan whose
+        steps are matrix products, so the vectors are read once for the whole batch.
+        Same rules as the single check (lock per block, restart on change, after
+        ``restarts`` one piece under the lock); results in the order of ``vecs``.
+
+        With ``marks`` (each lookup's ``SearchOutcome.mark``), a query is judged on the
+        entries that were in the index at its lookup and still are: a later store is left
+        out of the exact search (else the reply stored for a miss, identical to the query,
+        would be the exact top-1 of nearly every sampled miss), a removed entry out of both
+        lists, and a lookup whose index has since been replaced is not checked."""
+        marks = list(marks) if marks is not None else [None] * len(raws)
+        before = None
+        if any(m is not None for m in marks):
+            unbounded = np.iinfo(np.int64).max
+            before = np.array([unbounded if m is None else m.next_id for m in marks], dtype=np.int64)
+        mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32).reshape(len(raws), -1))
+        # A step multiplies queries x rows; bounding that product keeps the lock hold
+        # (and a lookup's wait) about as short as a single-query step's.
+        block_rows = max(EXACT_BLOCK_MIN_ROWS, min(EXACT_BLOCK_ROWS, block_cells // max(len(mat), 1)))
+        exact = None
+        for _attempt in range(restarts + 1):
+            exact = self._exact_many_in_steps(mat, scope, k, block_rows, before=before)
+            if exact is not None:
+                break
+        with self.lock:  # reentrant: no change can land, so this pass completes
+            if exact is None:
+                exact = self._exact_many_in_steps(mat, scope, k, block_rows, step_aside=False, before=before)
+            index = self.indexes.get(scope or "")
+            return [_compare_since(index, raw, found, mark) for raw, found, mark in zip(raws, exact, marks)]
+
+    def _exact_many_in_steps(self, mat: np.ndarray, scope: str | None, k: int, block_rows: int,
+                             step_aside: bool = True, before: np.ndarray | None = None,
+                             ) -> list[list[tuple[str, float]]] | None:
+        """Each query's exact top-k in blocks; None if the partition changed between blocks.
+        ``before``: per query, leave out the rows added at or after that internal id."""
+        with self.lock:
+            index, mark = self.indexes.get(scope or ""), self.mutations
+        queries = len(mat)
+        scores, ids = [], []  # each block's top-k per query; merged once at the end
+        start = 0
+        while index is not None:
+            with self.lock:
+                if self.mutations != mark or self.indexes.get(scope or "") is not index:
+                    return None
+                if start >= index.exact_rows():
+                    return _ranked(index, scores, ids, k)  # named while unchanged
+                block_scores, block_ids = index.exact_block_many(mat, start, start + block_rows, k,
+                                                                 before=before)
+            scores.append(block_scores)
+            ids.append(block_ids)
+            start += block_rows
+            if step_aside:
+                self._let_lookups_in()
+        return [[] for _ in range(queries)]
+
+    def _let_lookups_in(self, max_wait_s: float = 0.005) -> None:
+        """Python locks are not fair: without stepping aside, the scan would take the lock
+        again before a waiting lookup wakes up. The hint goes stale after ``max_wait_s``."""
+        time.sleep(0)
+        while True:
+            since = self.lookup_waiting_since
+            if not since or time.perf_counter() - since > max_wait_s:
+                return
+            time.sleep(0.0001)
+
+    def _alive(self, index: VectorStore, vec: np.ndarray, raw: list[tuple[str, float]],
+               now: float, k: int) -> list[Candidate]:
+        for _attempt in range(3):
+            expired, live = False, []
+            for entry_id, sim in raw:
+                entry = self.entries.get(entry_id)
+                if entry is None:
+                    continue
+                if entry.alive(now):
+                    live.append(Candidate(entry, sim))
+                    continue
+                self.remove(entry_id)
+                self.expirations += 1
+                expired = True
+            if live or not expired or len(index) == 0:
+                return live
+            raw = index.search(vec, k)  # the expired ones are gone; look again
+        return []
+
+    def nearest_alive(self, vec: np.ndarray, scope: str | None, now: float) -> Candidate | None:
+        return self.search(vec, scope, now).best
+
+    # -- hits, inserts, removal ---------------------------------------------------------
+
+    def touch(self, entry: CacheEntry, now: float) -> None:
+        entry.last_hit_at = now
+        entry.hit_count += 1
+        self.entries.move_to_end(entry.entry_id)
+
+    def existing_same_text(self, scope: str | None, query: str) -> CacheEntry | None:
+        entry_id = self.by_text.get((scope or "", text_key(query)))
+        return self.entries.get(entry_id) if entry_id else None
+
+    def insert(self, entry: CacheEntry) -> None:
+        if entry.entry_id in self.entries:  # a replayed log record: replace, do not double count
+            self.remove(entry.entry_id)
+        self.mutations += 1
+        self.entries[entry.entry_id] = entry
+        self.by_text[(entry.scope or "", text_key(entry.query))] = entry.entry_id
+        self.bytes += entry.approx_bytes
+        self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+        if self.journal is not None:
+            self.journal.record_put(self.key, entry)
+
+    def remove(self, entry_id: str) -> CacheEntry | None:
+        entry = self.entries.pop(entry_id, None)
+        if entry is None:
+            return None
+        self.mutations += 1
+        if self.journal is not None:
+            self.journal.record_remove(self.key, entry_id)
+        self.bytes -= entry.approx_bytes
+        by_text = (entry.scope or "", text_key(entry.query))
+        if self.by_text.get(by_text) == entry_id:
+            del self.by_text[by_text]
+        scope_key = entry.scope or ""
+        index = self.indexes.get(scope_key)
+        if index is not None:
+            index.remove(entry_id)
+            if len(index) == 0 and scope_key:
+                del self.indexes[scope_key]  # conversations end; do not keep their indexes
+        return entry
+
+    def vote(self, entry_id: str, unit_id: str) -> tuple[CacheEntry | None, bool]:
+        """Count ``unit_id``'s "wrong" against the entry: (the entry or None, whether the unit is new).
+        Idempotent (a set); a new vote is logged."""
+        entry = self.entries.get(entry_id)
+        if entry is None or unit_id in entry.wrong_units:
+            return entry, False
+        entry.wrong_units.add(unit_id)
+        if self.journal is not None:
+            self.journal.record_vote(self.key, entry_id, unit_id)
+        return entry, True
+
+    def has_room(self, extra_bytes: int) -> bool:
+        return (len(self.entries) < self.capacity_entries
+                and self.bytes + extra_bytes <= self.capacity_bytes)
+
+    def drop_expired_lru(self, now: float) -> int:
+        """The eviction a novel query triggers: expired entries near the LRU end."""
+        victims = [e.entry_id for e in list(self.entries.values())[:EVICTION_SCAN] if not e.alive(now)]
+        for entry_id in victims:
+            self.remove(entry_id)
+        self.expirations += len(victims)
+        return len(victims)
+
+    def evict_for(self, extra_bytes: int, now: float) -> None:
+        """LRU eviction until ``extra_bytes`` more fit; protected live entries go last."""
+        while self.entries and not self.has_room(extra_bytes):
+            victim = self._lru_victim(now)
+            self.remove(victim)
+            self.evictions += 1
+
+    def _lru_victim(self, now: float) -> str:
+        for scanned, entry in enumerate(self.entries.values()):
+            if scanned >= EVICTION_SCAN:
+                break
+            if not (entry.protected and entry.alive(now)):
+                return entry.entry_id
+        return next(iter(self.entries))

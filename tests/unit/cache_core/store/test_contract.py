@@ -1,0 +1,20 @@
+"""Every vector index kind meets the contract partitions use (cache_core.store.base)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache_core.store.base import VectorStore
+from cache_core.store.faiss import IndexSpec, VectorIndex
+
+CONTRACT = [name for name in vars(VectorStore) if not name.startswith("_") or name == "__len__"]
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_index_kinds_meet_the_vector_store_contract(kind):
+    index = VectorIndex(4, IndexSpec(kind=kind))
+    assert {"add", "remove", "search", "mark", "exact_block_many"} <= set(CONTRACT)
+    assert all(callable(getattr(index, name, None)) or name == "kind" for name in CONTRACT)
+    index.add("a", np.array([1, 0, 0, 0], dtype=np.float32))
+    assert len(index) == 1 and index.kind == kind and index.search(np.array([1, 0, 0, 0], dtype=np.float32), 1)[0][0] == "a"
+    assert index.remove("a") and not index.remove("a") and len(index) == 0
