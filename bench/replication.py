@@ -1,6 +1,6 @@
 """Cache replicas sharing entries through the entries topic (a script, not a test).
 
-Starts a Kafka broker and runs in-process replicas (cache_core.replication) on the real
+Starts a Kafka broker and runs in-process replicas (cache_core.state.replication) on the real
 model, then measures:
 
 - hit rate behind a round-robin load balancer: banking77 train questions are stored, then
@@ -36,7 +36,7 @@ from cache_core.embedder import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
 from cache_core.publisher import EventPublisher  # noqa: E402
 from cache_core.registry import ExperimentRegistry  # noqa: E402
-from cache_core.replication import EntryFollower, share  # noqa: E402
+from cache_core.state.replication import EntryFollower, share  # noqa: E402
 from cache_core.settings import CacheSettings, KafkaSettings  # noqa: E402
 from infra.kafka.broker import start_broker  # noqa: E402
 from infra.kafka.topics import ensure_topics  # noqa: E402

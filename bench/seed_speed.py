@@ -25,7 +25,7 @@ from cache_core.cache import SemanticCache  # noqa: E402
 from cache_core.types import StoreItem  # noqa: E402
 from cache_core.embedder import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
-from cache_core.persistence import Persistence  # noqa: E402
+from cache_core.state.persistence import Persistence  # noqa: E402
 from cache_core.registry import ExperimentRegistry  # noqa: E402
 from cache_core.settings import CacheSettings  # noqa: E402
 

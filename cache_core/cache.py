@@ -54,7 +54,7 @@ from cache_core.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, Variant, assign
-from cache_core.feedback import ServedHit, ServedHits, log_invalidation
+from cache_core.state.feedback import ServedHit, ServedHits, log_invalidation
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.store.faiss import IndexMark, IndexSpec
 from cache_core.store.partition import Partition
@@ -166,9 +166,9 @@ class SemanticCache:
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.journal = None
-        """Set by ``attach_journal`` (cache_core.persistence): every change is logged."""
+        """Set by ``attach_journal`` (cache_core.state.persistence): every change is logged."""
         self.entry_feed = None
-        """Optional (``cache_core.replication.EntryFeed``): told of every stored entry and
+        """Optional (``cache_core.state.replication.EntryFeed``): told of every stored entry and
         namespace clear, after they are durable, for the other replicas."""
 
     # -- public -----------------------------------------------------------------------
@@ -367,13 +367,13 @@ class SemanticCache:
             self.entry_feed.purged(namespace, purged_at, match)
         return removed
 
-    # -- feedback (cache_core.feedback) --------------------------------------------------
+    # -- feedback (cache_core.state.feedback) --------------------------------------------------
 
     def apply_feedback(self, request_id: str, verdict: Verdict) -> str:
         """Count a verdict on a hit served here; at the arm's ``invalidate_after_wrong``
         units saying "wrong" (counted across replicas: with replication a vote that does not
         remove the entry goes to the others, ``apply_replicated_vote``) the entry is removed
-        here and (a drop) on the other replicas. Returns the outcome (cache_core.feedback.OUTCOMES); those of hits served
+        here and (a drop) on the other replicas. Returns the outcome (cache_core.state.feedback.OUTCOMES); those of hits served
         here are counted per experiment and arm in ``feedback_outcomes``. "unknown" is not:
         every replica sees every verdict, most of them on the others' hits."""
         hit = self.served.settle(request_id)
@@ -423,7 +423,7 @@ class SemanticCache:
         except (KeyError, UnknownExperiment):
             return ArmConfig(name="gone").invalidate_after_wrong
 
-    # -- replication (cache_core.replication) -------------------------------------------
+    # -- replication (cache_core.state.replication) -------------------------------------------
 
     def apply_replicated(self, key: tuple[str, str, str], entry: CacheEntry) -> str:
         """Insert an entry another replica admitted, into the store of the same key (so arms
@@ -506,7 +506,7 @@ class SemanticCache:
         if self.journal is not None:
             self.journal.sync()
 
-    # -- persistence (cache_core.persistence) ------------------------------------------
+    # -- persistence (cache_core.state.persistence) ------------------------------------------
 
     def attach_journal(self, journal) -> None:
         """Log every later insert/removal of every partition (existing and new) to ``journal``."""

@@ -17,7 +17,7 @@ thing across arms, across retrains (as far as the clusters themselves persist)
 and across restarts (the state is part of the cache snapshot), and
 ``ArmConfig.cluster_thresholds`` can refer to them.
 
-Across replicas (cache_core.replication) the ids must mean the same intent on every
+Across replicas (cache_core.state.replication) the ids must mean the same intent on every
 replica, so there one model is shared: ``fleet_ids`` draws new ids at random from
 [FLEET_ID_MIN, 2^31) (no coordination, and no clash with the small ids a single
 instance had); the ``listener`` hears of every cluster opened here and of every
@@ -51,7 +51,7 @@ Refresh. The topic is time-retained and retrains grow rare (the sample must doub
 the model message and the opens that built the current set fall out of it; a replica
 starting without a snapshot would then know only the clusters opened within the retention
 and give every older intent a new id of its own. So the model in use is re-sent
-(``model_in_use``; when, see cache_core.replication) as the same model: the same
+(``model_in_use``; when, see cache_core.state.replication) as the same model: the same
 generation, model origin and ``trained_at_ms``, with every cluster held now (ids, counts,
 centroids), the open times of those opened after ``trained_at_ms`` and ``merged_ids``.
 Because it orders like the model it re-sends, ``adopt_model`` takes it as follows:
@@ -86,7 +86,7 @@ import faiss
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from cache_core.persistence import decode_vec, encode_vec
+from cache_core.state.codec import decode_vec, encode_vec
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from cache_core.events import ControlMessage
 from cache_core.experiments import ExperimentConfig
-from cache_core.follower import TopicFollower, TopicMissing, close_quietly, consumer_without_group, topic_partitions
+from cache_core.state.follower import TopicFollower, TopicMissing, close_quietly, consumer_without_group, topic_partitions
 from cache_core.registry import ControlFold, ControlRecord
 from cache_core.settings import KafkaSettings
 
@@ -77,7 +77,7 @@ def _control_partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartit
 
 class ControlListener(TopicFollower):
     """Replays the control topic from the beginning, then follows it, in a background thread
-    (``cache_core.follower.TopicFollower``: reconnects and resumes if the broker goes away).
+    (``cache_core.state.follower.TopicFollower``: reconnects and resumes if the broker goes away).
 
     Handlers are called in that thread, in topic order: ``on_record`` gets every record
     (tombstones and unreadable values as a ControlRecord without message, since they

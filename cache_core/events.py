@@ -131,7 +131,7 @@ class PurgeMatch(BaseModel):
 
 
 class WrongVote(BaseModel):
-    """A unit's "wrong" verdict on an entry (cache_core.feedback), on the entries topic, so every
+    """A unit's "wrong" verdict on an entry (cache_core.state.feedback), on the entries topic, so every
     replica counts it toward the entry's removal."""
 
     unit_id: str = Field(min_length=1)
@@ -168,7 +168,7 @@ ENTRY_MESSAGE_MAX_BYTES = 8 * 1024 * 1024
 
 class EntryMessage(BaseModel):
     """One change to a cache replica's entries or intent clusters, produced to the entries
-    topic for the other replicas to apply (``cache_core.replication``). Entry changes are
+    topic for the other replicas to apply (``cache_core.state.replication``). Entry changes are
     keyed by namespace, so one namespace's changes stay in order; a clear removes what was
     created before it, on every replica. Cluster changes share one key.
 
@@ -195,7 +195,7 @@ class EntryMessage(BaseModel):
     model: str = ""
     """Encoder that made the vectors; a replica on another model skips the change."""
     entry: dict[str, Any] | None = None
-    """put: the entry's fields as persisted (``cache_core.persistence.entry_meta``)."""
+    """put: the entry's fields as persisted (``cache_core.state.persistence.entry_meta``)."""
     embedding: str | None = None
     """put: the L2-normalised embedding; cluster: the centroid (base64 of little-endian float32)."""
     entry_id: str | None = None

@@ -110,7 +110,7 @@ class ArmConfig(_Closed):
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
     invalidate_after_wrong: int = Field(1, ge=0)
     """Remove an entry once this many units (users) got a "wrong" verdict on a hit it served
-    (cache_core.feedback); 0: feedback never removes entries."""
+    (cache_core.state.feedback); 0: feedback never removes entries."""
 
     @field_validator("name")
     @classmethod

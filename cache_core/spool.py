@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_core.persistence import fsync_dir
+from cache_core.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ class CacheEntry:
     approx_bytes: int = 0
     wrong_units: set[str] = field(default_factory=set)
     """Units whose hits on it got a "wrong" verdict, on any replica (votes travel the entries topic);
-    persisted in the snapshot and the log (cache_core.feedback)."""
+    persisted in the snapshot and the log (cache_core.state.feedback)."""
 
     def expires_at(self) -> float:
         lifetime = self.ttl_s + self.grace_s

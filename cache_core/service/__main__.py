@@ -53,7 +53,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     heap.pin_mmap_threshold()  # before the model loads: the encoder's freed buffers go back to the OS
     from cache_core.embedder import EmbedderError
     from cache_core.store.faiss import set_search_threads
-    from cache_core.persistence import PersistenceError
+    from cache_core.state.persistence import PersistenceError
     from cache_core.service.app import create_app
     from cache_core.service.wiring import Components
 

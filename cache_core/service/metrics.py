@@ -8,8 +8,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cache_core.cache import SemanticCache
 from cache_core.events import CacheEvent
-from cache_core.feedback import OUTCOMES as FEEDBACK_OUTCOMES
-from cache_core.replication import OUTCOMES
+from cache_core.state.feedback import OUTCOMES as FEEDBACK_OUTCOMES
+from cache_core.state.replication import OUTCOMES
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 PUBLISHER_GAUGES = {"queue_depth": "Events waiting in memory for Kafka",
@@ -125,7 +125,7 @@ class _ScrapeTimeGauges:
         yield from self._replication()
         yield from self._feedback_follower()
         applied = CounterMetricFamily("scache_feedback_applied", "Verdicts applied to the hits this replica "
-                                      "served, by outcome (cache_core.feedback)", labels=["experiment", "arm", "outcome"])
+                                      "served, by outcome (cache_core.state.feedback)", labels=["experiment", "arm", "outcome"])
         for (experiment, arm, outcome), count in sorted(self.cache.feedback_outcomes.items()):
             applied.add_metric([experiment, arm, outcome], float(count))
         yield applied

@@ -30,7 +30,7 @@ from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
 from cache_core.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper
-from cache_core.persistence import Persistence
+from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import Settings
@@ -78,9 +78,9 @@ class Components:
     persistence: Persistence | None = None
     expiry: ExpirySweeper | None = None
     entry_follower: Any = None
-    """``cache_core.replication.EntryFollower`` with replication on."""
+    """``cache_core.state.replication.EntryFollower`` with replication on."""
     feedback_follower: Any = None
-    """``cache_core.feedback.FeedbackFollower`` (the service only)."""
+    """``cache_core.state.feedback.FeedbackFollower`` (the service only)."""
     followers: dict[str, Follower] = field(default_factory=dict)
     """Topic followers by name, started by ``start()`` (the service's: ``for_service``); /readyz waits
     until each has caught up."""
@@ -98,7 +98,7 @@ class Components:
         Raises ``EmbedderError``/``ValueError``/``yaml.YAMLError`` (model, experiments file) and
         ``OSError`` (spool directory) for the caller to report."""
         from cache_core.control import ControlListener
-        from cache_core.feedback import FeedbackFollower
+        from cache_core.state.feedback import FeedbackFollower
         from cache_core.publisher import MIB, EventPublisher
 
         registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -262,7 +262,7 @@ def _replication(settings: Settings, cache: SemanticCache, publisher, instance_i
                  persistence: Persistence | None):
     """Attach the entry feed to ``cache`` (and its intent clusters) and build (not start) its follower. Its
     offsets live beside the write-ahead log: without one, every start replays the topic."""
-    from cache_core.replication import EntryFollower, share
+    from cache_core.state.replication import EntryFollower, share
 
     model = settings.cache.model
     share(cache, publisher, instance_id, model)

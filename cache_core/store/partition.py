@@ -98,7 +98,7 @@ class Partition:
         self.evictions = 0
         self.expirations = 0
         self.journal = None
-        """Persistence hook (cache_core.persistence.Journal): told of every insert and removal."""
+        """Persistence hook (cache_core.state.persistence.Journal): told of every insert and removal."""
         self.mutations = 0
         """Bumped by every insert, removal and rebuild (a stepped exact scan restarts on change)."""
         self.applied = None

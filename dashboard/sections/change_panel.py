@@ -90,7 +90,7 @@ def change_section(view: View, config) -> None:
 
 
 def invalidation_push_section(view: View, config, arm: str) -> None:
-    """How many users' "wrong" verdicts take an entry of the arm out of service (cache_core.feedback)."""
+    """How many users' "wrong" verdicts take an entry of the arm out of service (cache_core.state.feedback)."""
     current = config.arm(arm).invalidate_after_wrong
     st.markdown(f"**Wrong answers in {arm}**: feedback removes an entry once this many users got a "
                 f"\"wrong\" verdict on its answers, on every replica (now {current}; 0: never)")

@@ -6,7 +6,7 @@
 - feedback: verdicts keyed by request id, time-retained.
 - entries: what each cache replica stored or cleared, keyed by namespace, retained for the
   longest entry lifetime, so replicas share entries and a new one warms up from it; also
-  the intent-cluster changes, the model re-sent within the retention (cache_core.replication).
+  the intent-cluster changes, the model re-sent within the retention (cache_core.state.replication).
 
 Control keys. Which config is in force is decided by one fold over the partition
 (cache_core.registry.ControlFold): a message wins iff its version is higher than

@@ -18,7 +18,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.cache import SemanticCache
 from cache_core.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
-from cache_core.replication import EntryFollower, share
+from cache_core.state.replication import EntryFollower, share
 from cache_core.settings import KafkaSettings
 from infra.kafka.broker import start_broker
 from infra.kafka.topics import ensure_topics

@@ -1,4 +1,4 @@
-"""Cache replicas sharing entries through the real broker's entries topic (cache_core.replication):
+"""Cache replicas sharing entries through the real broker's entries topic (cache_core.state.replication):
 in-process replicas with the real model, and two cache service processes."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from cache_core.cache import SemanticCache
 from cache_core.types import LookupResult
 from cache_core.events import FeedbackEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
-from cache_core.feedback import FeedbackFollower
-from cache_core.follower import close_quietly, consumer_without_group
-from cache_core.persistence import Persistence
+from cache_core.state.feedback import FeedbackFollower
+from cache_core.state.follower import close_quietly, consumer_without_group
+from cache_core.state.persistence import Persistence
 from cache_core.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
-from cache_core.replication import EntryFollower, share
+from cache_core.state.replication import EntryFollower, share
 from infra.kafka.topics import admin_client
 from tests.integration.kafka_helpers import wait_for
 

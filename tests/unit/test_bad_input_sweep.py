@@ -28,7 +28,7 @@ from cache_core.control import ControlListener, parse_control
 from cache_core.events import ControlMessage
 from cache_core.experiments import ExperimentConfig, load_experiments
 
-from cache_core.persistence import Persistence
+from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components

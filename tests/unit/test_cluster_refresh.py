@@ -1,5 +1,5 @@
 """Keeping the intent-cluster model within the entries topic's retention: replicas re-send the
-model in use when the newest copy on the topic grows old (cache_core.replication, "Refresh" in
+model in use when the newest copy on the topic grows old (cache_core.state.replication, "Refresh" in
 cache_core.clusters). Replicas are wired without a broker, as in test_replication."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from cache_core.clusters import ClusterModel, OnlineClusters
-from cache_core.replication import EntryFollower
+from cache_core.state.replication import EntryFollower
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings, Settings, cluster_refresh_s
 from tests.unit.cache_helpers import ManualClock, unit_in_arm
-from tests.unit.test_replication import KAFKA, MODEL, _deliver, _replica
+from tests.unit.cache_core.state.test_replication import KAFKA, MODEL, _deliver, _replica
 
 PIN = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
 PIN_PARAPHRASE = np.array([0.97, 0.24, 0.0, 0.0], np.float32) / np.float32(np.hypot(0.97, 0.24))

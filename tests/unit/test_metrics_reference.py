@@ -6,8 +6,8 @@ import re
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from cache_core.feedback import FeedbackFollower
-from cache_core.persistence import Persistence
+from cache_core.state.feedback import FeedbackFollower
+from cache_core.state.persistence import Persistence
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import PROJECT_ROOT, KafkaSettings, Settings

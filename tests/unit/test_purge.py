@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cache_core.types import EntryMatch, InvalidRequest
-from cache_core.replication import EntryFollower
+from cache_core.state.replication import EntryFollower
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, unit_in_arm, unit_vec
-from tests.unit.test_replication import KAFKA, MODEL, _deliver, _replica
+from tests.unit.cache_core.state.test_replication import KAFKA, MODEL, _deliver, _replica
 from tests.unit.test_service_chat_admin import TOKEN, make_client
 
 POLICY, POLICY_PARAPHRASE, HOURS = "what is the refund policy", "how do refunds work", "when are you open"

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from cache_core.control import ControlLost, ControlUnconfirmed
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from cache_core.persistence import Persistence
+from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components

@@ -5,7 +5,7 @@ import pytest
 
 from cache_core.cache import SemanticCache
 from cache_core.experiments import ArmConfig
-from cache_core.persistence import Persistence, PersistenceError
+from cache_core.state.persistence import Persistence, PersistenceError
 from cache_core.registry import ExperimentRegistry
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_vec
 

@@ -18,7 +18,7 @@ topic (``EntryFollower``), applying the others' changes:
   stored before it but delivered late is dropped (the last purges per namespace are kept
   with the offsets). Clears and purges older than the topic's retention are forgotten.
 * a drop removes one entry that "wrong" feedback took out of service on the replica
-  that served it (cache_core.feedback). It follows the entry's put in the topic: both
+  that served it (cache_core.state.feedback). It follows the entry's put in the topic: both
   are keyed by namespace, and the serving replica held the entry before it dropped it.
 * a vote is one unit's "wrong" verdict on an entry that the serving replica kept (the arm's
   ``invalidate_after_wrong`` is above the units it counted): every replica adds the unit to
@@ -82,8 +82,8 @@ from pydantic import ValidationError
 from cache_core.clusters import ClusterModel
 from cache_core.types import EntryMatch, InvalidRequest
 from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
-from cache_core.follower import TopicFollower
-from cache_core.persistence import decode_vec, encode_vec, entry_from_meta, entry_meta
+from cache_core.state.follower import TopicFollower
+from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, entry_meta
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings
 from cache_core.settings import cluster_refresh_s as cluster_refresh_s_in_effect
 
@@ -333,7 +333,7 @@ class EntryFollower(TopicFollower):
             return "own" if own else "clears"
         if message.change == "purge":  # also our own, as a clear
             return "own" if own else self._apply_purge(message)
-        if message.change == "drop":  # an entry feedback took out of service (cache_core.feedback)
+        if message.change == "drop":  # an entry feedback took out of service (cache_core.state.feedback)
             removed = self.cache.apply_replicated_drop(
                 (message.namespace, message.experiment_id, message.arm_key), message.entry_id)
             return "own" if own else ("dropped" if removed else "duplicate")

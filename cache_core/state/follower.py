@@ -8,8 +8,8 @@ If the broker is down, at start or later, it retries with backoff and resumes wh
 was. Subclasses handle the records (``handle``, in topic order per partition; ``parse``
 reads one as a message) and may act after each polled batch (``after_batch``) or after
 every poll, records or not (``after_poll``). The control listener (cache_core.control)
-and the entries follower (cache_core.replication) replay their topics; the feedback
-follower (cache_core.feedback) starts at the end, or where a graceful stop left it.
+and the entries follower (cache_core.state.replication) replay their topics; the feedback
+follower (cache_core.state.feedback) starts at the end, or where a graceful stop left it.
 """
 from __future__ import annotations
 

@@ -58,8 +58,8 @@ from pathlib import Path
 from kafka import TopicPartition
 
 from cache_core.events import FeedbackEvent
-from cache_core.follower import TopicFollower
-from cache_core.persistence import replace_durably
+from cache_core.state.follower import TopicFollower
+from cache_core.durable import replace_durably
 from cache_core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)

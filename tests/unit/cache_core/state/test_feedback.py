@@ -1,4 +1,4 @@
-"""A "wrong" verdict takes the entry that served the hit out of service (cache_core.feedback):
+"""A "wrong" verdict takes the entry that served the hit out of service (cache_core.state.feedback):
 on the replica that served it, at the arm's invalidate_after_wrong, once per request, and on
 the other replicas through the entries topic's drop; the units are counted across replicas
 (the entries topic's vote) and across restarts (snapshot, log, and the served hits and
@@ -15,13 +15,13 @@ from prometheus_client import generate_latest
 from cache_core.cache import SemanticCache
 from cache_core.events import EntryMessage, FeedbackEvent
 from cache_core.experiments import ArmConfig
-from cache_core.feedback import FeedbackFollower, ServedHit
-from cache_core.persistence import Persistence
+from cache_core.state.feedback import FeedbackFollower, ServedHit
+from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import KafkaSettings
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
-from tests.unit.test_replication import _deliver, _replica
+from tests.unit.cache_core.state.test_replication import _deliver, _replica
 
 STORED, PARAPHRASE, OTHER = "reset my pin", "pin reset please", "open an account"
 

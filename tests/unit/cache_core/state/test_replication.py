@@ -1,4 +1,4 @@
-"""Entry replication between cache replicas (cache_core.replication), without a broker:
+"""Entry replication between cache replicas (cache_core.state.replication), without a broker:
 one cache's EntryFeed messages are handed to another cache's EntryFollower as records."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cache_core.clusters import FLEET_ID_MIN, ClusterModel, OnlineClusters
 from cache_core.events import EntryMessage
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
-from cache_core.replication import EntryFeed, EntryFollower, share
+from cache_core.state.replication import EntryFeed, EntryFollower, share
 from cache_core.settings import KafkaSettings
 from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
 

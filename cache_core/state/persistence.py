@@ -6,7 +6,7 @@ Layout under the snapshot directory (one process owns it; an flock enforces that
   ``<crc32 hex> <json>``: ``put`` (partition key, entry metadata, embedding as
   base64 float32), ``remove`` (key, entry id), ``clear`` (namespace) or ``vote``
   (key, entry id, unit: a "wrong" verdict counted toward the entry's removal,
-  cache_core.feedback).
+  cache_core.state.feedback).
 * ``snap-00000007/`` — a snapshot: ``entries.npy`` (n x dim float32),
   ``entries.json`` (partition key + metadata per row, in LRU order, with the
   units that said "wrong" of it, ``wrong_units``, when there are any) and the
@@ -37,7 +37,6 @@ Not persisted: hit counts and sliding-TTL renewals made since the last snapshot.
 """
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import logging
@@ -46,13 +45,13 @@ import shutil
 import threading
 import time
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from cache_core.types import CacheEntry
+from cache_core.durable import fsync_dir, replace_durably
+from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, persisted_meta
 
 log = logging.getLogger(__name__)
 
@@ -62,43 +61,6 @@ LOCK_FILE = "LOCK"
 
 class PersistenceError(RuntimeError):
     """The snapshot directory cannot be used (locked by another process, unreadable)."""
-
-
-# -- entry <-> record -------------------------------------------------------------------
-
-_ENTRY_FIELDS = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_policy", "max_age_s",
-                 "namespace", "intent_cluster", "scope", "provenance_source", "provenance_version",
-                 "last_hit_at", "hit_count", "grace_s", "protected", "approx_bytes")
-
-
-def entry_meta(entry) -> dict:
-    """The fields an entry is replicated with (a put on the entries topic)."""
-    return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
-
-
-def persisted_meta(entry) -> dict:
-    """``entry_meta`` plus its ``wrong_units`` when it has any: kept on disk, but not sent in a
-    put, whose fields a replica that predates them would refuse (an unknown field is malformed)."""
-    meta = entry_meta(entry)
-    if entry.wrong_units:
-        meta["wrong_units"] = sorted(entry.wrong_units)
-    return meta
-
-
-def entry_from_meta(meta: dict, embedding: np.ndarray):
-    meta = dict(meta)
-    wrong_units = set(meta.pop("wrong_units", None) or ())  # absent before votes were persisted
-    if not all(isinstance(unit, str) for unit in wrong_units):
-        raise ValueError("wrong_units must be unit ids")  # a corrupt snapshot: PersistenceError, a put: malformed
-    return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), wrong_units=wrong_units, **meta)
-
-
-def encode_vec(vec: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
-
-
-def decode_vec(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
 
 
 def _line(record: dict) -> bytes:
@@ -117,27 +79,6 @@ def _parse(line: bytes) -> dict | None:
         return json.loads(body)
     except (ValueError, json.JSONDecodeError):
         return None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the directory's entries (a create, rename or unlink in it) survive a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_durably(path: Path, data: bytes) -> None:
-    """Make ``path`` hold ``data``, all or nothing across a crash: a temporary file beside it,
-    fsynced, renamed over it, and the directory fsynced so the rename itself is kept."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def _segment_path(directory: Path, seq: int) -> Path:
@@ -181,7 +122,6 @@ class Journal:
         self._lock = threading.Lock()
         self._file = open(_segment_path(directory, segment), "ab", buffering=0)
         self._unsynced = False
-        self._suspended = False
 
     def record_put(self, key: tuple[str, str, str], entry) -> None:
         self._append({"op": "put", "key": list(key), "entry": persisted_meta(entry),
@@ -225,15 +165,6 @@ class Journal:
         self.stats.records_since_snapshot = 0
         self.stats.bytes_since_snapshot = 0
 
-    @contextmanager
-    def suspended(self):
-        """Restore replays through the partitions: nothing it does is logged again."""
-        self._suspended = True
-        try:
-            yield
-        finally:
-            self._suspended = False
-
     def close(self) -> None:
         with self._lock:
             if not self._file.closed:
@@ -241,8 +172,6 @@ class Journal:
                 self._file.close()
 
     def _append(self, record: dict) -> None:
-        if self._suspended:
-            return
         line = _line(record)
         with self._lock:
             self._file.write(line)
