@@ -39,7 +39,8 @@ from cache_core.embedder import load_embedder
 from cache_core.experiments import MultiSimilarityConfig
 from cache_core.settings import CacheSettings
 from cache_core.decision.rerank import Weights, answer_consensus, lexical_overlap, rank
-from infra.runtime import scache_home, shared_data_dir
+from cache_core.runtime import scache_home
+from infra.runtime import shared_data_dir
 
 log = logging.getLogger("bench.verifier_probe")
 DATA = shared_data_dir()

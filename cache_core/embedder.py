@@ -180,7 +180,7 @@ def export_key(model: str, quantized: bool) -> dict:
 def onnx_export_dir(model: str, quantized: bool, root: Path | None = None) -> Path:
     """``<root or scache_home()>/models/<name>-onnx[-int8]``."""
     if root is None:
-        from infra.runtime import scache_home
+        from cache_core.runtime import scache_home
 
         root = scache_home()
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model).name or model)

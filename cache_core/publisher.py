@@ -41,7 +41,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from cache_core.events import ENTRY_MESSAGE_MAX_BYTES, CacheEvent, EntryMessage, FeedbackEvent
 from cache_core.settings import KafkaSettings
 from cache_core.spool import Record, Spool
-from infra.runtime import port_open
+from cache_core.runtime import port_open
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from cache_core.seed import SeedError, read_records
-from infra.runtime import scache_home
+from cache_core.runtime import scache_home
 from infra.traffic import Judge, Query, Tally, drive
 
 FIELDS = {"query": "query", "text": "query", "unit": "unit", "unit_id": "unit", "namespace": "namespace",

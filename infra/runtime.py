@@ -16,11 +16,6 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def scache_home() -> Path:
-    """Machine-wide cache for venvs, resolved jars and service state (outside the clone)."""
-    return Path(os.environ.get("SCACHE_HOME", Path.home() / ".cache" / "scache"))
-
-
 def shared_data_dir() -> Path:
     """The project's shared labelled data (``../shared/data`` beside the clone)."""
     return Path(os.environ.get("SCACHE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -34,14 +29,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25,

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from cache_core.logs import configure_logging
 from cache_core.settings import Settings, settings_or_exit
-from infra.runtime import REPO_ROOT, Service, free_port, port_open, scache_home, spawn, wait_until
+from cache_core.runtime import port_open, scache_home
+from infra.runtime import REPO_ROOT, Service, free_port, spawn, wait_until
 
 log = logging.getLogger("scache.stack")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import uvicorn
 import yaml
 
-from infra.runtime import scache_home
+from cache_core.runtime import scache_home
 
 log = logging.getLogger("cache_core.service")
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache_core.logs import configure_logging
-from infra.runtime import REPO_ROOT, Service, free_port, scache_home, spawn, tail
+from cache_core.runtime import scache_home
+from infra.runtime import REPO_ROOT, Service, free_port, spawn, tail
 
 log = logging.getLogger("scache.flink.cluster")
 

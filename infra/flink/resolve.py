@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from infra.maven import copy_dependencies_once, pom_digest
-from infra.runtime import scache_home
+from cache_core.runtime import scache_home
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.kafka.resolve import kafka_classpath
-from infra.runtime import Service, free_port, port_open, spawn, wait_until
+from cache_core.runtime import port_open
+from infra.runtime import Service, free_port, spawn, wait_until
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.kafka.broker import HOST, START_TIMEOUT_S, NodeSpec, new_cluster_id, spawn_node, wait_node_ready
-from infra.runtime import Service, free_port, port_open
+from cache_core.runtime import port_open
+from infra.runtime import Service, free_port
 
 log = logging.getLogger("scache.kafka.cluster")
 

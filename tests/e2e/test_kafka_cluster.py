@@ -273,7 +273,8 @@ def test_cli_prints_the_bootstrap_list_and_stops_every_node_on_sigterm(tmp_path)
     import subprocess
     import sys
 
-    from infra.runtime import REPO_ROOT, port_open
+    from cache_core.runtime import port_open
+    from infra.runtime import REPO_ROOT
 
     proc = subprocess.Popen([sys.executable, "-m", "infra.kafka.cluster", "--nodes", "3",
                              "--data-dir", str(tmp_path), "--set", "broker.session.timeout.ms=4000"],

@@ -14,7 +14,8 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from infra.kafka.topics import _reconcile_configs, admin_client, ensure_topics, topic_specs
-from infra.runtime import REPO_ROOT, port_open
+from cache_core.runtime import port_open
+from infra.runtime import REPO_ROOT
 from tests.integration.kafka_helpers import wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """Measure the lexical guards on banking77: false hits removed vs correct hits lost.
 
-``python -m cache_core.guard_eval [--threshold 0.8] [--data DIR] [--embeddings-cache DIR]``
+``python -m bench.guard_eval [--threshold 0.8] [--data DIR] [--embeddings-cache DIR]``
 
 Warms a flat index with train.csv (answer = the intent), replays test.csv as
 traffic, and decides like SemanticCache (top-5 candidates above the threshold,
@@ -58,7 +58,7 @@ def evaluate(train: pd.DataFrame, test: pd.DataFrame, train_vecs: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cache_core.guard_eval", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.guard_eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--data", type=Path, default=BANKING77_DIR)
