@@ -41,7 +41,8 @@ import pandas as pd
 
 from bench.lookup_latency import BANKING77, corpus_vectors, fill, pct, registry_for
 from cache_core.cache import SemanticCache
-from cache_core.embedder import BatchingEncoder, load_embedder
+from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.load import load_embedder
 from cache_core.event_worker import EventWorker
 from cache_core.settings import CacheSettings
 from cache_core.store.ann_check import AnnChecker

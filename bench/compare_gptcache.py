@@ -46,7 +46,8 @@ import numpy as np
 import pandas as pd
 
 from cache_core.cache import SemanticCache
-from cache_core.embedder import load_embedder, normalise, resolve_model_path
+from cache_core.embedding.embedder import normalise, resolve_model_path
+from cache_core.embedding.load import load_embedder
 from cache_core.experiments import ArmConfig, ExperimentConfig, MultiSimilarityConfig, assign
 from cache_core.store.faiss import set_search_threads
 from cache_core.registry import ExperimentRegistry

@@ -30,7 +30,7 @@ def texts(n: int) -> list[str]:
 
 def measure(backend: str, threads: int, queries: int) -> dict:
     """Runs in a child process (``--one``): torch's thread count cannot be undone."""
-    from cache_core.embedder import load_embedder
+    from cache_core.embedding.load import load_embedder
     from cache_core.settings import CacheSettings
 
     started = time.perf_counter()

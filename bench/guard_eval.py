@@ -27,7 +27,7 @@ K = 5
 def _embed(texts: list[str], cache_file: Path | None) -> np.ndarray:
     if cache_file is not None and cache_file.exists():
         return np.load(cache_file)
-    from cache_core.embedder import load_embedder
+    from cache_core.embedding.load import load_embedder
     from cache_core.settings import CacheSettings
 
     vecs = load_embedder(CacheSettings()).encode(texts)

@@ -36,7 +36,9 @@ import pandas as pd
 import uvicorn
 
 from cache_core.types import CacheEntry, entry_bytes
-from cache_core.embedder import BatchingEncoder, load_embedder, normalise
+from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.embedder import normalise
+from cache_core.embedding.load import load_embedder
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.store.faiss import IndexSpec, set_search_threads
 from cache_core.registry import ExperimentRegistry

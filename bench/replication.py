@@ -32,7 +32,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cache_core.cache import SemanticCache  # noqa: E402
-from cache_core.embedder import load_embedder  # noqa: E402
+from cache_core.embedding.load import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
 from cache_core.publisher import EventPublisher  # noqa: E402
 from cache_core.registry import ExperimentRegistry  # noqa: E402

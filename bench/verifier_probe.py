@@ -35,7 +35,7 @@ import faiss
 import numpy as np
 import pandas as pd
 
-from cache_core.embedder import load_embedder
+from cache_core.embedding.load import load_embedder
 from cache_core.experiments import MultiSimilarityConfig
 from cache_core.settings import CacheSettings
 from cache_core.decision.rerank import Weights, answer_consensus, lexical_overlap, rank

@@ -50,7 +50,7 @@ import numpy as np
 
 from cache_core.clusters import OnlineClusters
 from cache_core.decision.rule import HitRule
-from cache_core.embedder import Embedder
+from cache_core.embedding.embedder import Embedder
 from cache_core.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, Variant, assign

@@ -51,7 +51,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core import heap
 
     heap.pin_mmap_threshold()  # before the model loads: the encoder's freed buffers go back to the OS
-    from cache_core.embedder import EmbedderError
+    from cache_core.embedding.embedder import EmbedderError
     from cache_core.store.faiss import set_search_threads
     from cache_core.state.persistence import PersistenceError
     from cache_core.service.app import create_app

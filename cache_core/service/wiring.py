@@ -26,7 +26,9 @@ import httpx
 
 from cache_core.store.ann_check import AnnChecker
 from cache_core.cache import SemanticCache
-from cache_core.embedder import BatchingEncoder, Embedder, load_embedder
+from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.embedder import Embedder
+from cache_core.embedding.load import load_embedder
 from cache_core.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache_core.embedder import normalise
+from cache_core.embedding.embedder import normalise
 from cache_core.events import CacheEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_core.embedder import normalise
+from cache_core.embedding.embedder import normalise
 from cache_core.store.faiss import IndexSpec, VectorIndex
 
 

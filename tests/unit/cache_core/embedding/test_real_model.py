@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from cache_core.cache import SemanticCache
-from cache_core.embedder import BatchingEncoder, EmbedderError, SentenceTransformerEmbedder, \
-    resolve_model_path
+from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.embedder import EmbedderError, SentenceTransformerEmbedder, resolve_model_path
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
 from tests.unit.cache_helpers import ManualClock, RecordingSink, experiment

@@ -1,0 +1,100 @@
+"""Micro-batching: concurrent requests encoded together by one worker thread."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+
+from cache_core.embedding.embedder import Embedder, EmbedderError
+
+log = logging.getLogger(__name__)
+
+
+_STOP = object()
+
+
+class BatchingEncoder:
+    """Encodes concurrent requests together, in one worker thread that owns the model.
+
+    Greedy by default (``max_wait_ms=0``): the worker takes whatever is queued when
+    it becomes free (up to ``max_batch`` texts) and never waits for company, so a
+    lone request pays no batching delay, while under load the requests that
+    arrived during the previous encode form the next batch. (A 2 ms wait measured
+    3.6 ms added to a 4.5 ms encode at p50.) ``max_wait_ms > 0`` waits for more.
+
+    Callers block on a future; a model error is raised in every caller of that batch.
+    """
+
+    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0):
+        self.inner = inner
+        self.dim = inner.dim
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.batches = 0
+        self.texts_encoded = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
+        self._thread.start()
+
+    def submit(self, texts: list[str]) -> Future:
+        """Queue ``texts``; the future gives (vectors, norms). For async callers."""
+        if not self._thread.is_alive():
+            raise EmbedderError("encoder is closed")
+        future: Future = Future()
+        self._queue.put((list(texts), future))
+        return future
+
+    def encode_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self.submit(texts).result()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self.encode_with_norms(texts)[0]
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch, stop = self._collect(first)
+            self._encode_batch(batch)
+            if stop:
+                return
+
+    def _collect(self, first: tuple) -> tuple[list[tuple], bool]:
+        batch, count = [first], len(first[0])
+        deadline = time.monotonic() + self.max_wait_s
+        while count < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+            count += len(item[0])
+        return batch, False
+
+    def _encode_batch(self, batch: list[tuple]) -> None:
+        texts = [t for item_texts, _ in batch for t in item_texts]
+        try:
+            vecs, norms = self.inner.encode_with_norms(texts)
+        except Exception as exc:  # hand the failure to every waiting caller
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        self.batches += 1
+        self.texts_encoded += len(texts)
+        start = 0
+        for item_texts, future in batch:
+            end = start + len(item_texts)
+            future.set_result((vecs[start:end], norms[start:end]))
+            start = end
