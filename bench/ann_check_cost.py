@@ -43,7 +43,7 @@ from bench.lookup_latency import BANKING77, corpus_vectors, fill, pct, registry_
 from cache_core.cache import SemanticCache
 from cache_core.embedding.batching import BatchingEncoder
 from cache_core.embedding.load import load_embedder
-from cache_core.event_worker import EventWorker
+from cache_core.publish.event_worker import EventWorker
 from cache_core.settings import CacheSettings
 from cache_core.store.ann_check import AnnChecker
 from cache_core.store.faiss import set_search_threads

@@ -4,7 +4,7 @@ Starts the production Kafka shape on loopback (infra.kafka.cluster: 3 KRaft brok
 min.insync.replicas 2, broker.session.timeout.ms 4 s as in infra/deploy and the cluster e2e
 test) and, for each ``--rates`` value, on fresh topics:
 
-1. an EventPublisher (cache_core.publisher, its defaults: queue 20,000, 10 s delivery timeout,
+1. an EventPublisher (cache_core.publish.publisher, its defaults: queue 20,000, 10 s delivery timeout,
    batches of 500, 256 MiB spool) gets decisions at that rate from one thread (absolute
    schedule; events are built and serialised on the fly, as a request thread would);
 2. after ``--before-s`` the broker leading an events partition is SIGKILLed (the active
@@ -45,7 +45,7 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from cache_core.events import CacheEvent  # noqa: E402
 from cache_core.logs import configure_logging  # noqa: E402
-from cache_core.publisher import EventPublisher  # noqa: E402
+from cache_core.publish.publisher import EventPublisher  # noqa: E402
 from cache_core.settings import KafkaSettings  # noqa: E402
 from infra.kafka.cluster import KafkaCluster, start_cluster  # noqa: E402
 from infra.kafka.topics import ensure_topics  # noqa: E402

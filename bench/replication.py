@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cache_core.cache import SemanticCache  # noqa: E402
 from cache_core.embedding.load import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
-from cache_core.publisher import EventPublisher  # noqa: E402
+from cache_core.publish.publisher import EventPublisher  # noqa: E402
 from cache_core.registry import ExperimentRegistry  # noqa: E402
 from cache_core.state.replication import EntryFollower, share  # noqa: E402
 from cache_core.settings import CacheSettings, KafkaSettings  # noqa: E402

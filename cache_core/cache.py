@@ -51,7 +51,7 @@ import numpy as np
 from cache_core.clusters import OnlineClusters
 from cache_core.decision.rule import HitRule
 from cache_core.embedding.embedder import Embedder
-from cache_core.event_worker import InlineExecutor, PendingEvent
+from cache_core.publish.event_worker import InlineExecutor, PendingEvent
 from cache_core.events import CacheEvent, Verdict
 from cache_core.experiments import HOLDOUT_ARM, ArmConfig, ExperimentConfig, Variant, assign
 from cache_core.state.feedback import ServedHit, ServedHits, log_invalidation
@@ -122,7 +122,7 @@ class SemanticCache:
     """The online cache: ``lookup`` decides and emits one event; ``store`` admits.
 
     Events are finished by ``event_executor`` (default: inline, in the caller; the
-    service passes a ``cache_core.event_worker.EventWorker`` so that the event,
+    service passes a ``cache_core.publish.event_worker.EventWorker`` so that the event,
     metrics and a sampled ANN-vs-exact check run after the answer has left).
 
     ``ann_checker`` (a ``cache_core.store.ann_check.AnnChecker``, optional) batches the sampled

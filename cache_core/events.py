@@ -1,6 +1,6 @@
 """The one versioned schema of everything scache streams through Kafka.
 
-Producer (cache_core.publisher), Flink job (jobs/) and tests import these models;
+Producer (cache_core.publish.publisher), Flink job (jobs/) and tests import these models;
 the Flink source DDL and the ClickHouse raw-events columns are derived from them
 (``flink_columns`` / ``clickhouse_columns``), and a unit test checks that the
 ClickHouse migration agrees. Bump ``SCHEMA_VERSION`` on any incompatible change.
@@ -107,7 +107,7 @@ class FeedbackEvent(BaseModel):
 
 
 class ControlMessage(BaseModel):
-    """A full experiment config. Published by ``cache_core.control.publish_control``
+    """A full experiment config. Published by ``cache_core.publish.control_topic.publish_control``
     under a key unique per message (``control_key``), so compaction keeps every change
     and the fold (``cache_core.registry.ControlFold``) decides which one is in force.
     Closed like the config it carries: an unknown field makes the record malformed."""

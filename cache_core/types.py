@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cache_core.event_worker import PendingEvent
+from cache_core.publish.event_worker import PendingEvent
 from cache_core.events import CacheEvent
 from cache_core.experiments import TtlPolicy
 

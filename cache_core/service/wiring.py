@@ -29,7 +29,7 @@ from cache_core.cache import SemanticCache
 from cache_core.embedding.batching import BatchingEncoder
 from cache_core.embedding.embedder import Embedder
 from cache_core.embedding.load import load_embedder
-from cache_core.event_worker import EventWorker
+from cache_core.publish.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.state.persistence import Persistence
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 class Publisher(Protocol):
-    """What the service needs of the event publisher (``cache_core.publisher.EventPublisher``)."""
+    """What the service needs of the event publisher (``cache_core.publish.publisher.EventPublisher``)."""
 
     def publish_event(self, event: CacheEvent) -> None: ...
 
@@ -99,9 +99,9 @@ class Components:
         """The service as ``python -m cache_core.service`` runs it: everything from ``settings``.
         Raises ``EmbedderError``/``ValueError``/``yaml.YAMLError`` (model, experiments file) and
         ``OSError`` (spool directory) for the caller to report."""
-        from cache_core.control import ControlListener
+        from cache_core.publish.control_topic import ControlListener
         from cache_core.state.feedback import FeedbackFollower
-        from cache_core.publisher import MIB, EventPublisher
+        from cache_core.publish.publisher import MIB, EventPublisher
 
         registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
         embedder = embedder or load_embedder(settings.cache)
@@ -189,7 +189,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     micro-batching encoder thread (a ``BatchingEncoder`` given is used as is, not closed).
     ``persistence``: restores the cache at start, logs every change, snapshots in the background
     and once more at stop. ``control_publisher``: sends admin config changes (default:
-    ``cache_core.control.publish_confirmed`` to ``settings.kafka``). ``event_executor``: finishes
+    ``cache_core.publish.control_topic.publish_confirmed`` to ``settings.kafka``). ``event_executor``: finishes
     events, lookup metrics and sampled ANN checks after the answer (default: an ``EventWorker`` owned
     here, whose ANN checks are batched, ``settings.cache.ann_check_*``). ``replicate``: stored entries
     and clears go to the entries topic; ``entry_follower`` (built, not started) applies the other replicas'.
@@ -224,7 +224,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     sweeper = ExpirySweeper(cache, expiry_sweep_s) if expiry_sweep_s else None
     entry_follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
     if control_publisher is None:
-        from cache_core.control import publish_confirmed
+        from cache_core.publish.control_topic import publish_confirmed
 
         def control_publisher(message: ControlMessage) -> None:
             publish_confirmed(settings.kafka, message, base=registry.base())

@@ -7,7 +7,7 @@ to the end offsets it found at connect time (``wait_caught_up``), then keeps fol
 If the broker is down, at start or later, it retries with backoff and resumes where it
 was. Subclasses handle the records (``handle``, in topic order per partition; ``parse``
 reads one as a message) and may act after each polled batch (``after_batch``) or after
-every poll, records or not (``after_poll``). The control listener (cache_core.control)
+every poll, records or not (``after_poll``). The control listener (cache_core.publish.control_topic)
 and the entries follower (cache_core.state.replication) replay their topics; the feedback
 follower (cache_core.state.feedback) starts at the end, or where a graceful stop left it.
 """

@@ -223,7 +223,7 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: Guardr
 
 def known_experiments(settings: Settings) -> list[str]:
     """Experiment ids on the control topic or in the experiments file."""
-    from cache_core.control import read_latest_configs
+    from cache_core.publish.control_topic import read_latest_configs
     return sorted(set(read_latest_configs(settings.kafka)) | set(publishing.file_configs(settings)))
 
 

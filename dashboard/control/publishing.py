@@ -115,7 +115,7 @@ def live_state(settings: Settings, experiment_id: str) -> tuple[ExperimentConfig
 
 def _read_fold(settings: Settings, base: dict[str, ExperimentConfig] | None = None):
     # Imported here so the what-if helpers load without a Kafka client.
-    from cache_core.control import read_control
+    from cache_core.publish.control_topic import read_control
     return read_control(settings.kafka, base=file_configs(settings) if base is None else base)
 
 
@@ -224,7 +224,7 @@ def publish_change(settings: Settings, experiment_id: str, change: Change, actor
     if the change won but ClickHouse did not take the audit rows.
     """
     from cache_core.chclient import connect
-    from cache_core.control import ControlError, ControlLost, ControlUnconfirmed, publish_confirmed
+    from cache_core.publish.control_topic import ControlError, ControlLost, ControlUnconfirmed, publish_confirmed
 
     actor, reason = _validate_actor(actor, reason)
     with _PUSH_LOCK:

@@ -14,7 +14,7 @@ the winner so far, so when two pushes race from the same version, the *first* on
 in partition order wins on every running instance. Keyed by experiment id alone,
 compaction would then keep only the *second* (the loser), and every reader that
 starts later would disagree with the running caches. So each record has its own key,
-``<experiment id>/v<version>/<message id>`` (cache_core.control.control_key, the
+``<experiment id>/v<version>/<message id>`` (cache_core.publish.control_topic.control_key, the
 message id a fresh UUID): no record ever shares a key with another, compaction
 removes nothing, and the fold gives the same winners before and after the cleaner
 runs. (The fold also lets a record remove the earlier one with its key, as compaction

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cache_core.chclient import connect
-from cache_core.control import read_latest_configs
+from cache_core.publish.control_topic import read_latest_configs
 from cache_core.settings import KafkaSettings
 from infra.kafka.topics import ensure_topics
 from infra.runtime import REPO_ROOT, free_port, spawn, wait_until

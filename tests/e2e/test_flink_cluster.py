@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from cache_core.publisher import EventPublisher
+from cache_core.publish.publisher import EventPublisher
 from infra.flink.cluster import JOB_FILE, FlinkCluster, start
 from infra.flink.resolve import connector_jar
 from infra.runtime import group_alive, wait_until

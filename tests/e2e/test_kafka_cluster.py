@@ -21,10 +21,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from cache_core.control import ControlListener, publish_control
+from cache_core.publish.control_topic import ControlListener, publish_control
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
-from cache_core.publisher import EventPublisher
+from cache_core.publish.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import KafkaSettings
 from infra.kafka.cluster import KafkaCluster, start_cluster

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cache_core.chclient import connect
-from cache_core.control import publish_control
+from cache_core.publish.control_topic import publish_control
 from cache_core.events import ControlMessage
 from cache_core.experiments import load_experiments
 from dashboard.control import queries as dashboard_queries

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 import pytest
 
 from cache_core.chclient import connect
-from cache_core.control import read_latest_configs
+from cache_core.publish.control_topic import read_latest_configs
 from cache_core.settings import get_settings
 from tests.fixtures import dashboard_seed as seed
 
@@ -128,7 +128,7 @@ def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(m
     """Versions 2 and 3 reached only the control topic (as PUT /v1/admin/experiments pushes do),
     and decisions were logged at 2: auto-tune still knows its floor from the topic, even dry
     (before, only the live version and audited ones were known), and a real run audits both."""
-    from cache_core.control import publish_confirmed
+    from cache_core.publish.control_topic import publish_confirmed
     from cache_core.events import ControlMessage
     from dashboard.control import changes, publishing
     experiment_id, client = multi_env

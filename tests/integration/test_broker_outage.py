@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from cache_core.control import ControlError, ControlListener, publish_control
+from cache_core.publish.control_topic import ControlError, ControlListener, publish_control
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.cache import SemanticCache
-from cache_core.publisher import EventPublisher
+from cache_core.publish.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
 from cache_core.state.replication import EntryFollower, share
 from cache_core.settings import KafkaSettings

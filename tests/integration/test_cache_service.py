@@ -7,7 +7,7 @@ import httpx
 import pytest
 import yaml
 
-from cache_core.control import publish_control
+from cache_core.publish.control_topic import publish_control
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from tests.integration.kafka_helpers import consume

@@ -7,7 +7,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from cache_core.control import (ControlError, ControlListener, ControlLost, publish_confirmed, publish_control,
+from cache_core.publish.control_topic import (ControlError, ControlListener, ControlLost, publish_confirmed, publish_control,
                                 read_control, read_latest_configs)
 from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig

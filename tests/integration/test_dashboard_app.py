@@ -233,7 +233,7 @@ def test_push_refused_when_config_moved_since_loading(app_env, kafka_settings, m
 def test_reload_audits_a_version_pushed_past_the_dashboard(app_env, ch_settings, kafka_settings, monkeypatch):
     """An admin-API push reaches only the topic; the panel, which reads configs from the
     warehouse, shows it after Reload audits it, and the history lists it."""
-    from cache_core.control import publish_confirmed
+    from cache_core.publish.control_topic import publish_confirmed
     experiment_id, start = app_env
     _kafka_env(monkeypatch, kafka_settings)
     at = start()

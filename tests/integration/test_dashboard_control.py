@@ -3,7 +3,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from cache_core.control import read_latest_configs
+from cache_core.publish.control_topic import read_latest_configs
 from cache_core.events import ControlMessage
 from dashboard.control import autotune, changes, publishing, queries
 from dashboard.control.guardrails import Guardrails
@@ -58,7 +58,7 @@ def test_canary_promote_then_rollback_publishes_new_versions(env):
 def test_admin_api_pushes_are_audited_from_the_control_topic(env):
     """A push that reached only the topic (the cache's admin API has no warehouse) gets its
     audit rows from sync_audit, once; a racing loser on the topic is never audited."""
-    from cache_core.control import publish_confirmed, publish_control
+    from cache_core.publish.control_topic import publish_confirmed, publish_control
     settings, experiment_id, client = env
     live = publishing.current_config(settings, experiment_id)
     admin = changes.set_threshold("treatment", 0.75)(live).model_copy(update={"version": 2})

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cache_core.control import ControlListener
+from cache_core.publish.control_topic import ControlListener
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import Settings
 from dashboard.control import changes, publishing, queries

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from cache_core.events import CacheEvent, FeedbackEvent
-from cache_core.publisher import EventPublisher
+from cache_core.publish.publisher import EventPublisher
 from infra.runtime import free_port
 from tests.integration.kafka_helpers import consume, wait_for
 

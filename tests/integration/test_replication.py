@@ -15,7 +15,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig, assign
 from cache_core.state.feedback import FeedbackFollower
 from cache_core.state.follower import close_quietly, consumer_without_group
 from cache_core.state.persistence import Persistence
-from cache_core.publisher import EventPublisher
+from cache_core.publish.publisher import EventPublisher
 from cache_core.registry import ExperimentRegistry
 from cache_core.state.replication import EntryFollower, share
 from infra.kafka.topics import admin_client

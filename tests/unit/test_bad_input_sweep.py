@@ -24,7 +24,7 @@ import yaml
 from fastapi.testclient import TestClient
 from kafka import TopicPartition
 
-from cache_core.control import ControlListener, parse_control
+from cache_core.publish.control_topic import ControlListener, parse_control
 from cache_core.events import ControlMessage
 from cache_core.experiments import ExperimentConfig, load_experiments
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
-from cache_core.control import ControlLost, ControlUnconfirmed
+from cache_core.publish.control_topic import ControlLost, ControlUnconfirmed
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry

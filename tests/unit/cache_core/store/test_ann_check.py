@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
 from cache_core.store.ann_check import AnnChecker
-from cache_core.event_worker import EventWorker
+from cache_core.publish.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.app import create_app
@@ -22,7 +22,7 @@ from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import Settings
 from tests.unit.cache_helpers import RecordingPublisher, TableEmbedder, experiment
 from tests.unit.test_cache_logic import make_cache
-from tests.unit.test_event_worker import ManualExecutor
+from tests.unit.cache_core.publish.test_event_worker import ManualExecutor
 
 DIM = 16
 ENTRIES = 400  # enough to train IVF with nlist 4 (39 points per list)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cache_core.spool import Record, Spool, SpoolLocked
+from cache_core.publish.spool import Record, Spool, SpoolLocked
 
 
 def records(n: int, start: int = 0, topic: str = "t") -> list[Record]:

@@ -5,7 +5,7 @@ Request threads only serialise a message and put it on a bounded in-memory queue
 
 - broker healthy and spool empty: send the batch (acks=all, idempotent producer) and
   wait for the acks; whatever was not acknowledged goes to the spool, in order;
-- otherwise: append the batch to the spool (``cache_core.spool``), so older messages
+- otherwise: append the batch to the spool (``cache_core.publish.spool``), so older messages
   always leave before newer ones, and retry the spool with backoff once the broker
   is reachable again.
 
@@ -40,7 +40,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 
 from cache_core.events import ENTRY_MESSAGE_MAX_BYTES, CacheEvent, EntryMessage, FeedbackEvent
 from cache_core.settings import KafkaSettings
-from cache_core.spool import Record, Spool
+from cache_core.publish.spool import Record, Spool
 from cache_core.runtime import port_open
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_core.event_worker import EventWorker
+from cache_core.publish.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
 from cache_core.store.faiss import IndexSpec
 from tests.unit.cache_helpers import at_cosine, unit_vec
