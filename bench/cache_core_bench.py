@@ -78,7 +78,7 @@ def fill_cache(app, texts: list[str], vectors: np.ndarray, categories: list[str]
     experiment = cache.registry.get()
     now = time.time()
     for arm in experiment.arms:
-        partition = cache._partition("default", experiment, arm)
+        partition = cache.stores.for_arm("default", experiment, arm)
         for text, vec, category in zip(texts, vectors, categories):
             partition.insert(CacheEntry(
                 entry_id=uuid.uuid4().hex, query=text, embedding=vec, answer=category,

@@ -86,7 +86,7 @@ def fill(cache, texts: list[str], answers: list[str], vectors: np.ndarray) -> fl
     """Entries straight into the partition, the index built in one FAISS call."""
     experiment = cache.registry.get()
     arm = experiment.arms[0]
-    partition = cache._partition("default", experiment, arm)
+    partition = cache.stores.for_arm("default", experiment, arm)
     now = time.time()
     ids = []
     with partition.lock:

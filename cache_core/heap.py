@@ -8,7 +8,7 @@ service at +550 MB over 20 minutes, and the encoder alone under the same batch m
 (1-3 texts, now and then 8-48) at +166 MB after 200 batches, +29 MB when trimmed every
 50 batches, +35 MB with the threshold pinned. The service pins the threshold at start
 (``pin_mmap_threshold``: a block of 128 KB or more is mapped on its own and unmapped when
-freed) and trims every minute (``trim``, from ``cache_core.expiry.ExpirySweeper``) for the
+freed) and trims every minute (``trim``, from ``cache_core.lifetime.ExpirySweeper``) for the
 smaller blocks. Elsewhere than glibc both do nothing.
 """
 from __future__ import annotations

@@ -8,6 +8,7 @@ schema that leaves the process is ``cache_core.events``.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,8 @@ import numpy as np
 
 from cache_core.publish.event_worker import PendingEvent
 from cache_core.events import CacheEvent
-from cache_core.experiments import TtlPolicy
+from cache_core.experiments import ExperimentConfig, TtlPolicy, Variant
+from cache_core.lifetime import expires_at
 
 if TYPE_CHECKING:
     from cache_core.store.faiss import IndexMark
@@ -56,11 +58,7 @@ class CacheEntry:
     persisted in the snapshot and the log (cache_core.state.feedback)."""
 
     def expires_at(self) -> float:
-        lifetime = self.ttl_s + self.grace_s
-        if self.ttl_policy == "sliding":
-            renewed = (self.last_hit_at or self.created_at) + lifetime
-            return min(renewed, self.created_at + self.max_age_s)
-        return self.created_at + lifetime
+        return expires_at(self)
 
     def alive(self, now: float) -> bool:
         return now < self.expires_at()
@@ -181,3 +179,20 @@ class SearchOutcome:
     """What the ANN structure returned (before dropping expired entries)."""
     mark: IndexMark | None = None
     """The index as the search left it: what a later ANN check compares with."""
+
+
+@dataclass
+class Request:
+    """What every decision needs: the experiment snapshot, the unit's arm, the embedding."""
+
+    experiment: ExperimentConfig
+    arm_name: str
+    assignment_prob: float
+    vec: np.ndarray
+    l2_norm: float
+    cluster: int
+    embed_ms: float
+    started: float
+    """perf_counter() when the request arrived."""
+    variant: Variant = "base"
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -31,7 +31,7 @@ from cache_core.embedding.embedder import Embedder
 from cache_core.embedding.load import load_embedder
 from cache_core.publish.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
-from cache_core.expiry import DEFAULT_INTERVAL_S, ExpirySweeper
+from cache_core.lifetime import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics

@@ -14,7 +14,7 @@ on being served to every paraphrase until its TTL ran out. Now:
 * the units are counted fleet-wide: a "wrong" that does not remove the entry yet goes to
   the entries topic as a "vote" (entry, unit, serving arm), and every replica adds the unit
   to the entry's ``wrong_units`` (a set: the own echo and redeliveries count once) and
-  removes the entry itself when the count reaches the limit (``apply_replicated_vote``,
+  removes the entry itself when the count reaches the limit (``SemanticCache.apply`` of a replica's ``Vote``,
   counted ``voted_out``). So with a limit of 2, one user served by replica A and another
   served by replica B take the entry out everywhere. A drop that finds the entry removed by
   votes already is counted ``duplicate``, as is a vote on an entry that is gone;

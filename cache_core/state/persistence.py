@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from cache_core.durable import fsync_dir, replace_durably
+from cache_core.state.changes import Clear, Put, Remove, Vote
 from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, persisted_meta
 
 log = logging.getLogger(__name__)
@@ -367,7 +368,7 @@ class Persistence:
         vecs = np.load(snap / "entries.npy")
         rows = json.loads((snap / "entries.json").read_text())
         for row, vec in zip(rows, vecs):
-            cache.restore_put(tuple(row["key"]), entry_from_meta(row["entry"], vec))
+            cache.apply(Put(tuple(row["key"]), entry_from_meta(row["entry"], vec)), "log")
         clusters_json = snap / "clusters.json"
         if clusters_json.exists():
             state = json.loads(clusters_json.read_text())
@@ -387,14 +388,14 @@ class Persistence:
                     break
                 op = record["op"]
                 if op == "put":
-                    cache.restore_put(tuple(record["key"]),
-                                      entry_from_meta(record["entry"], decode_vec(record["vec"])))
+                    cache.apply(Put(tuple(record["key"]),
+                                    entry_from_meta(record["entry"], decode_vec(record["vec"]))), "log")
                 elif op == "remove":
-                    cache.restore_remove(tuple(record["key"]), record["id"])
+                    cache.apply(Remove(tuple(record["key"]), record["id"]), "log")
                 elif op == "clear":
-                    cache.restore_clear(record["namespace"])
+                    cache.apply(Clear(record["namespace"]), "log")
                 elif op == "vote":
-                    cache.restore_vote(tuple(record["key"]), record["id"], record["unit"])
+                    cache.apply(Vote(tuple(record["key"]), record["id"], record["unit"]), "log")
                 report.replayed_records += 1
 
     # -- internals ----------------------------------------------------------------------

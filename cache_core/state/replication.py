@@ -7,7 +7,7 @@ through its event publisher: a broker outage spools them, in order), and follows
 topic (``EntryFollower``), applying the others' changes:
 
 * a stored entry goes into the store of the same (namespace, experiment, arm) key, so
-  arms stay apart on every replica (``SemanticCache.apply_replicated``). Its admission
+  arms stay apart on every replica (``SemanticCache.apply``, cache_core.state.changes). Its admission
   tier was decided where it was stored; this replica's capacity and LRU still apply.
   A newer entry for the same query text replaces the older one, whichever came first.
 * a clear removes that namespace's entries created before it, so an entry stored on
@@ -83,6 +83,7 @@ from cache_core.clusters import ClusterModel
 from cache_core.types import EntryMatch, InvalidRequest
 from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
 from cache_core.state.follower import TopicFollower
+from cache_core.state.changes import Clear, Purge, Put, Remove, Vote
 from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, entry_meta
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings
 from cache_core.settings import cluster_refresh_s as cluster_refresh_s_in_effect
@@ -329,18 +330,18 @@ class EntryFollower(TopicFollower):
             cleared_at = message.ts_ms / 1000
             self._cleared_at[message.namespace] = max(cleared_at, self._cleared_at.get(message.namespace, 0.0))
             # Also our own: it removes the other replicas' older entries that arrived after the local clear.
-            self.cache.apply_replicated_clear(message.namespace, cleared_at)
+            self.cache.apply(Clear(message.namespace, cleared_at), "replica")
             return "own" if own else "clears"
         if message.change == "purge":  # also our own, as a clear
             return "own" if own else self._apply_purge(message)
         if message.change == "drop":  # an entry feedback took out of service (cache_core.state.feedback)
-            removed = self.cache.apply_replicated_drop(
-                (message.namespace, message.experiment_id, message.arm_key), message.entry_id)
-            return "own" if own else ("dropped" if removed else "duplicate")
+            outcome = self.cache.apply(
+                Remove((message.namespace, message.experiment_id, message.arm_key), message.entry_id), "replica")
+            return "own" if own else outcome
         if message.change == "vote":  # also our own: idempotent, and it gives a restarted replica its votes back
-            outcome = self.cache.apply_replicated_vote(
-                (message.namespace, message.experiment_id, message.arm_key), message.entry_id,
-                message.vote.unit_id, message.experiment_id, message.vote.arm)
+            outcome = self.cache.apply(
+                Vote((message.namespace, message.experiment_id, message.arm_key), message.entry_id,
+                     message.vote.unit_id, message.experiment_id, message.vote.arm), "replica")
             return "own" if own else outcome
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
@@ -360,7 +361,7 @@ class EntryFollower(TopicFollower):
         purges = self._purges.get(message.namespace, ())
         if any(entry.created_at < at and match.matches(entry) for at, match in purges):
             return "purged_before"
-        return self.cache.apply_replicated((message.namespace, message.experiment_id, message.arm_key), entry)
+        return self.cache.apply(Put((message.namespace, message.experiment_id, message.arm_key), entry), "replica")
 
     def _apply_purge(self, message: EntryMessage) -> str:
         try:
@@ -371,7 +372,7 @@ class EntryFollower(TopicFollower):
         purges = self._purges.setdefault(message.namespace, [])
         purges.append((purged_at, match))
         del purges[:-PURGES_REMEMBERED]
-        self.cache.apply_replicated_purge(message.namespace, purged_at, match)
+        self.cache.apply(Purge(message.namespace, purged_at, match), "replica")
         return "purges"
 
     def _apply_open(self, message: EntryMessage) -> str:

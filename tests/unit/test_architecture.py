@@ -24,11 +24,21 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _run_time_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:`` (imports that never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *_run_time_nodes(child)])
+            continue
+        yield node
+        yield from _run_time_nodes(node)
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports (at the top, in a function or for type checking)."""
+    """The project modules ``name`` imports when it runs (at the top or in a function)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _run_time_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -122,3 +132,4 @@ def test_the_checks_see_a_circle_and_an_upward_arrow():
     graph = _graph()
     assert "cache_core.decision.rule" in graph["cache_core.cache"]
     assert "cache_core.settings" in graph["cache_core.chclient"]
+    assert "cache_core.cache" not in graph["cache_core.state.changes"]  # for type checking only

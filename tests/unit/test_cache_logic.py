@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_core.cache import EVICTION_GRACE_S, SemanticCache
+from cache_core.admission import EVICTION_GRACE_S
+from cache_core.cache import SemanticCache
 from cache_core.types import InvalidRequest, entry_bytes
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig

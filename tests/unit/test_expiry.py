@@ -1,4 +1,4 @@
-"""Background expiry (cache_core.expiry): a store no request reaches any more loses its
+"""Background expiry (cache_core.lifetime): a store no request reaches any more loses its
 expired entries, which lazy expiry alone never removes (bench/soak.py found them piling up)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from cache_core import heap
 from cache_core.cache import SemanticCache
 from cache_core.experiments import ArmConfig
-from cache_core.expiry import ExpirySweeper
+from cache_core.lifetime import ExpirySweeper
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
@@ -80,7 +80,7 @@ def test_an_insert_into_a_store_retired_under_it_lands_in_its_successor():
     cache.retire_idle_stores()
     assert cache.retire_idle_stores() == 1 and stale.retired
     fetched = iter([stale])  # the first fetch returns the store as the request saw it
-    with cache._live(lambda: next(fetched, None) or cache._partition_by_key(stale.key)) as partition:
+    with cache.stores.live(lambda: next(fetched, None) or cache.stores.for_key(stale.key)) as partition:
         assert partition is not stale and not partition.retired
     assert cache.store("old question", "a", unit_id="u", namespace="n").stored
     assert cache.lookup("old question", unit_id="u", namespace="n").hit

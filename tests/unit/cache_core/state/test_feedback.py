@@ -13,6 +13,7 @@ from kafka import TopicPartition
 from prometheus_client import generate_latest
 
 from cache_core.cache import SemanticCache
+from cache_core.state.changes import Put
 from cache_core.events import EntryMessage, FeedbackEvent
 from cache_core.experiments import ArmConfig
 from cache_core.state.feedback import FeedbackFollower, ServedHit
@@ -369,7 +370,7 @@ def test_served_hits_and_offsets_saved_at_stop_are_resumed_at_start(tmp_path):
     restarted = SemanticCache(_embedder(), cache.registry, clock=clock, feedback_memory=100)
     for partition in cache.partitions():
         for entry in partition.entries.values():
-            restarted.restore_put(partition.key, entry)
+            restarted.apply(Put(partition.key, entry), "log")
     after = FeedbackFollower(FEEDBACK_KAFKA, restarted, state_dir=tmp_path)
     after._restore_state()
     assert after.start_offsets() == {TopicPartition(FEEDBACK_KAFKA.feedback_topic, 0): 7}
@@ -405,7 +406,7 @@ def test_a_checkpoint_while_running_lets_a_crashed_replica_resume(tmp_path):
     restarted = SemanticCache(_embedder(), cache.registry, clock=clock, feedback_memory=100)
     for partition in cache.partitions():
         for entry in partition.entries.values():
-            restarted.restore_put(partition.key, entry)
+            restarted.apply(Put(partition.key, entry), "log")
     after = FeedbackFollower(FEEDBACK_KAFKA, restarted, state_dir=tmp_path, checkpoint_s=30)
     after._restore_state()
     assert after.start_offsets() == {TopicPartition(FEEDBACK_KAFKA.feedback_topic, 0): 5}

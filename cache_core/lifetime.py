@@ -1,8 +1,14 @@
-"""Background expiry: entries that no request reaches any more still leave.
+"""How long an entry lives, and how expired entries leave.
 
-Expiry is otherwise lazy: an expired entry goes when a lookup finds it among its candidates
+Policies (an arm's ``ttl_policy``). ``absolute``: alive until created_at + ttl.
+``sliding``: every hit renews the ttl, but never past created_at + max_age_s. A
+near-duplicate admission (cache_core.admission) adds a grace period to either. The ttl is
+the store request's if it gives one, else the arm's when its config sets ``ttl_s``, else
+the service's default (``ttl_for``).
+
+Expiry is lazy first: an expired entry goes when a lookup finds it among its candidates
 or a store's eviction scan meets it at the LRU end. A store nobody asks any more (a namespace
-a tenant stopped using, a retired document set, a conversation that ended) therefore keeps
+a tenant stopped using, a retired document set, a conversation that ended) would therefore keep
 its expired entries for the life of the process, in memory and in every snapshot; the soak
 (bench/soak.py) measured that as entries growing without bound with short-lived namespaces.
 ``ExpirySweeper`` removes them every ``interval_s`` (``SemanticCache.drop_expired``: one
@@ -18,11 +24,34 @@ import logging
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 from cache_core import heap
+
+if TYPE_CHECKING:
+    from cache_core.experiments import ArmConfig
+    from cache_core.types import CacheEntry
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 60.0
+
+
+def expires_at(entry: CacheEntry) -> float:
+    """When ``entry`` stops being served, by its ttl policy."""
+    lifetime = entry.ttl_s + entry.grace_s
+    if entry.ttl_policy == "sliding":
+        renewed = (entry.last_hit_at or entry.created_at) + lifetime
+        return min(renewed, entry.created_at + entry.max_age_s)
+    return entry.created_at + lifetime
+
+
+def ttl_for(arm: ArmConfig, ttl_s: float | None, default_ttl_s: float | None) -> float:
+    """A new entry's ttl: the request's, else the arm's if its config sets one, else the default."""
+    if ttl_s is None:
+        explicit = "ttl_s" in arm.model_fields_set
+        ttl_s = arm.ttl_s if explicit or default_ttl_s is None else default_ttl_s
+    return float(ttl_s)
 
 
 class ExpirySweeper:
