@@ -28,7 +28,7 @@ from tests.integration.attribution_data import (
     expected_windows, heartbeats, make_events, produce, warehouse_windows,
 )
 from tests.integration.kafka_helpers import consume, wait_for
-from tests.unit.cache_helpers import TableEmbedder, unit_vec
+from tests.unit.cache_core.helpers import TableEmbedder, unit_vec
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from cache_core.state.persistence import Persistence
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import PROJECT_ROOT, KafkaSettings, Settings
-from tests.unit.cache_helpers import RecordingPublisher
+from tests.unit.cache_core.helpers import RecordingPublisher
 
 
 def _exported(minilm_embedder, tmp_path) -> dict[str, str]:

@@ -15,7 +15,7 @@ from infra import replay as replay_module
 from infra.replay import ReplayError, read_log, schedule
 from infra.stack import Stack
 from infra.traffic import Tally
-from tests.unit.cache_helpers import RecordingPublisher
+from tests.unit.cache_core.helpers import RecordingPublisher
 
 
 def _write(tmp_path, name, text):

@@ -19,7 +19,7 @@ from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import free_port, wait_until
-from tests.unit.cache_helpers import RecordingPublisher
+from tests.unit.cache_core.helpers import RecordingPublisher
 
 TOKEN = "s3cret-admin"
 

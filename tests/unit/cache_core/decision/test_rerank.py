@@ -6,8 +6,8 @@ import pytest
 from cache_core.experiments import ArmConfig, MultiSimilarityConfig
 from cache_core.decision.rerank import (Weights, answer_consensus, char_grams, lexical_overlap,
                                    mixed_scores, rank, token_jaccard, tokens)
-from tests.unit.cache_helpers import at_cosine, unit_vec
-from tests.unit.test_cache_logic import E0, make_cache
+from tests.unit.cache_core.helpers import at_cosine, unit_vec
+from tests.unit.cache_core.test_cache import E0, make_cache
 
 
 def test_tokens_are_case_and_punctuation_free():

@@ -13,7 +13,7 @@ from cache_core.embedding.batching import BatchingEncoder
 from cache_core.embedding.embedder import EmbedderError, SentenceTransformerEmbedder, resolve_model_path
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
-from tests.unit.cache_helpers import ManualClock, RecordingSink, experiment
+from tests.unit.cache_core.helpers import ManualClock, RecordingSink, experiment
 from infra.runtime import BANKING77_DIR
 
 BANKING77 = BANKING77_DIR

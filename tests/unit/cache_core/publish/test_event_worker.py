@@ -8,8 +8,8 @@ import pytest
 from cache_core.publish.event_worker import EventWorker
 from cache_core.experiments import ArmConfig
 from cache_core.store.faiss import IndexSpec
-from tests.unit.cache_helpers import at_cosine, unit_vec
-from tests.unit.test_cache_logic import E0, make_cache
+from tests.unit.cache_core.helpers import at_cosine, unit_vec
+from tests.unit.cache_core.test_cache import E0, make_cache
 
 
 class ManualExecutor:

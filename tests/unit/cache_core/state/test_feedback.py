@@ -21,7 +21,7 @@ from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import KafkaSettings
-from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
+from tests.unit.cache_core.helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
 from tests.unit.cache_core.state.test_replication import _deliver, _replica
 
 STORED, PARAPHRASE, OTHER = "reset my pin", "pin reset please", "open an account"

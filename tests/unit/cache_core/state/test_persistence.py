@@ -7,7 +7,7 @@ from cache_core.cache import SemanticCache
 from cache_core.experiments import ArmConfig
 from cache_core.state.persistence import Persistence, PersistenceError
 from cache_core.registry import ExperimentRegistry
-from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_vec
+from tests.unit.cache_core.helpers import ManualClock, TableEmbedder, experiment, unit_vec
 
 TABLE = {f"q{i}": unit_vec(*([0.0] * i + [1.0])) for i in range(6)}
 

@@ -17,7 +17,7 @@ from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
 from cache_core.state.replication import EntryFeed, EntryFollower, share
 from cache_core.settings import KafkaSettings
-from tests.unit.cache_helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
+from tests.unit.cache_core.helpers import ManualClock, TableEmbedder, experiment, unit_in_arm, unit_vec
 
 MODEL = "test-model"
 KAFKA = KafkaSettings(entries_topic="entries.unit")

@@ -20,8 +20,8 @@ from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import RecordingPublisher, TableEmbedder, experiment
-from tests.unit.test_cache_logic import make_cache
+from tests.unit.cache_core.helpers import RecordingPublisher, TableEmbedder, experiment
+from tests.unit.cache_core.test_cache import make_cache
 from tests.unit.cache_core.publish.test_event_worker import ManualExecutor
 
 DIM = 16

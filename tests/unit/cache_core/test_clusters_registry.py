@@ -11,7 +11,7 @@ from cache_core.clusters import OnlineClusters
 from cache_core.events import ControlMessage
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
-from tests.unit.cache_helpers import experiment
+from tests.unit.cache_core.helpers import experiment
 
 
 def test_clusters_open_beyond_radius_and_ids_are_stable():

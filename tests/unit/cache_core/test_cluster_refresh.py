@@ -13,7 +13,7 @@ import pytest
 from cache_core.clusters import ClusterModel, OnlineClusters
 from cache_core.state.replication import EntryFollower
 from cache_core.settings import CLUSTER_REFRESH_JITTER, KafkaSettings, Settings, cluster_refresh_s
-from tests.unit.cache_helpers import ManualClock, unit_in_arm
+from tests.unit.cache_core.helpers import ManualClock, unit_in_arm
 from tests.unit.cache_core.state.test_replication import KAFKA, MODEL, _deliver, _replica
 
 PIN = np.array([1.0, 0.0, 0.0, 0.0], np.float32)

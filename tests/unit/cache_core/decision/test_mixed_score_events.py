@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cache_core.experiments import ArmConfig, MultiSimilarityConfig
-from tests.unit.cache_helpers import at_cosine, unit_in_arm, unit_vec
-from tests.unit.test_cache_logic import E0, make_cache
+from tests.unit.cache_core.helpers import at_cosine, unit_in_arm, unit_vec
+from tests.unit.cache_core.test_cache import E0, make_cache
 
 # Phrase weight only: the mixed score equals the cosine, so expected values are exact.
 COSINE_ONLY = dict(token=0.0, phrase=1.0, intent=0.0)

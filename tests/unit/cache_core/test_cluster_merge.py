@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cache_core.clusters import ClusterModel, OnlineClusters
-from tests.unit.test_cluster_retrain import blobs
+from tests.unit.cache_core.test_cluster_retrain import blobs
 
 DIM = 4
 PIN = np.array([1.0, 0.0, 0.0, 0.0], np.float32)

@@ -18,7 +18,7 @@ from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import wait_until
-from tests.unit.cache_helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_vec
+from tests.unit.cache_core.helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_vec
 
 
 def make_cache():

@@ -5,8 +5,8 @@ import pytest
 
 from cache_core.decision.thresholds import multi_for
 from cache_core.experiments import ArmConfig, CanaryConfig, assign
-from tests.unit.test_cache_logic import E0, make_cache
-from tests.unit.cache_helpers import at_cosine
+from tests.unit.cache_core.test_cache import E0, make_cache
+from tests.unit.cache_core.helpers import at_cosine
 
 
 def units_by_variant(exp, n=400):

@@ -10,7 +10,7 @@ from cache_core.types import InvalidRequest, entry_bytes
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
-from tests.unit.cache_helpers import (ManualClock, RecordingSink, TableEmbedder, at_cosine,
+from tests.unit.cache_core.helpers import (ManualClock, RecordingSink, TableEmbedder, at_cosine,
                                       experiment, unit_in_arm, unit_vec)
 
 E0 = unit_vec(1.0)

@@ -14,7 +14,7 @@ from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_in_arm, unit_vec
+from tests.unit.cache_core.helpers import ManualClock, RecordingPublisher, TableEmbedder, experiment, unit_in_arm, unit_vec
 
 TABLE = {"reset my pin": unit_vec(1, 0), "pin reset please": unit_vec(0.97, 0.24),
          "open an account": unit_vec(0, 1), "close my account": unit_vec(0, 0, 1)}
