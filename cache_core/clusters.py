@@ -73,6 +73,13 @@ A bumped generation would instead be a new model for everyone: each running repl
 centroids replaced by the re-sender's, and any cluster opened meanwhile elsewhere dropped.
 A cluster opened here is left out of a refresh until its open is queued, so the open
 precedes it in the topic and every replica remembers it for the concurrent-open merge.
+
+Size. ``OnlineClusters`` is one class over ~500 lines, past the project's ~300: assign,
+open, merge, retrain, refresh and its state round trip all read and write the same
+centroids under one lock (and a second one for retrains), and their ordering rules above
+are invariants of that shared state. Splitting it by operation would spread one lock's
+invariants over several modules; a split by state (the model vs. the opens and merges
+remembered for the topic) is the candidate when it grows again.
 """
 from __future__ import annotations
 
