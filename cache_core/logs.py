@@ -5,8 +5,28 @@ import json
 import logging
 import sys
 import time
+from contextvars import ContextVar
 
 _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+request_id: ContextVar[str | None] = ContextVar("scache_request_id", default=None)
+"""The HTTP request being served (cache_core.service.access_log sets it); every log line written while it
+runs carries it."""
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps the current request's id on each record: ``request_id``, or ``http_request_id`` when the
+    record already names a (decision's) ``request_id`` of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = request_id.get()
+        if current is not None:
+            own = getattr(record, "request_id", None)
+            if own is None:
+                record.request_id = current
+            elif own != current:
+                record.http_request_id = current
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,6 +61,7 @@ def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
     """Idempotent root-logger setup for every scache process."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from cache_core.service.access_log import AccessLog
 from cache_core.service.errors import add_error_handlers
 from cache_core.service.routes import ROUTERS
 from cache_core.service.wiring import Components
@@ -31,6 +32,7 @@ def create_app(components: Components) -> FastAPI:
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)
     app.state.components = components
     add_error_handlers(app)
+    app.add_middleware(AccessLog)
     for router in ROUTERS:
         app.include_router(router)
     return app

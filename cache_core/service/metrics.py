@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cache_core.cache import SemanticCache
@@ -22,6 +22,24 @@ PUBLISHER_COUNTERS = {"published": "Events Kafka acknowledged",
                       "spilled": "Events moved from the in-memory queue to the spool because it was half full",
                       "reordered": "Events of a stalled batch spooled behind newer ones (order may bend, none lost)",
                       "dropped": "Events lost: spool full, or queue full faster than it could be spilled"}
+# Persistence figures (cache_core.persistence stats) -> (family name, type, help); counters drop ``_total``,
+# which the exposition adds back.
+PERSISTENCE_FAMILIES = {
+    "log_records": ("log_records", "counter", "Log records written since start"),
+    "log_records_since_snapshot": ("log_records_since_snapshot", "gauge", "Log records the next restart replays"),
+    "log_bytes_since_snapshot": ("log_bytes_since_snapshot", "gauge", "Bytes of those records"),
+    "log_segment": ("log_segment", "gauge", "The log segment being written"),
+    "fsyncs": ("fsyncs", "counter", "fsyncs of the log"),
+    "fsync_seconds_total": ("fsync_seconds", "counter", "Time spent in fsyncs of the log"),
+    "fsync_seconds_max": ("fsync_seconds_max", "gauge", "The slowest fsync"),
+    "snapshots": ("snapshots", "counter", "Snapshots written since start"),
+    "last_snapshot_at": ("last_snapshot_timestamp_seconds", "gauge", "Unix time of the last snapshot"),
+    "last_snapshot_seconds": ("last_snapshot_seconds", "gauge", "How long the last snapshot took"),
+    "last_snapshot_entries": ("last_snapshot_entries", "gauge", "Entries in the last snapshot"),
+    "restored_entries": ("restored_entries", "gauge", "Entries restored at start"),
+    "restore_seconds": ("restore_seconds", "gauge", "How long the restore took"),
+    "restore_torn_records": ("restore_torn_records", "gauge", "Torn log records cut off at start"),
+}
 
 
 class ServiceMetrics:
@@ -59,6 +77,7 @@ class ServiceMetrics:
                                           registry=self.registry)
         self.admin = Counter("scache_admin_actions", "Admin actions performed", ["action"],
                              registry=self.registry)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, _resident_memory_bytes, fds, ...
         self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats, replication_stats,
                                                  feedback_stats))
 
@@ -119,9 +138,11 @@ class _ScrapeTimeGauges:
         yield merges
         if self.persistence_stats is not None:
             for name, value in self.persistence_stats().items():
-                gauge = GaugeMetricFamily(f"scache_persistence_{name}", f"Snapshots and log: {name}")
-                gauge.add_metric([], float(value))
-                yield gauge
+                family, kind, help_text = PERSISTENCE_FAMILIES.get(name, (name, "gauge", f"Snapshots and log: {name}"))
+                metric = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                    f"scache_persistence_{family}", help_text)
+                metric.add_metric([], float(value))
+                yield metric
         yield from self._replication()
         yield from self._feedback_follower()
         applied = CounterMetricFamily("scache_feedback_applied", "Verdicts applied to the hits this replica "

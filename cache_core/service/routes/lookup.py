@@ -1,7 +1,7 @@
 """``POST /v1/lookup``: is there a cached answer for this query, for this unit's arm?"""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from cache_core.service.deps import CacheDep
 from cache_core.service.schemas import LookupRequest, LookupResponse
@@ -10,9 +10,10 @@ router = APIRouter()
 
 
 @router.post("/v1/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, cache: CacheDep) -> LookupResponse:
+async def lookup(body: LookupRequest, cache: CacheDep, response: Response) -> LookupResponse:
     """Async: it awaits the shared micro-batching encoder's future (concurrent requests still get
     batched) without a thread-pool hop."""
     result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
                                       namespace=body.namespace, scope=body.scope)
+    response.headers["x-scache-request-id"] = result.request_id  # the access log's decision_id
     return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})
