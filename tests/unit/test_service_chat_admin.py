@@ -160,7 +160,7 @@ def test_miss_forwards_then_paraphrase_hits_from_cache(minilm_embedder, tmp_path
         metrics = client.get("/metrics").text
         assert 'scache_chat_requests_total{outcome="hit"} 1.0' in metrics
         assert 'scache_chat_requests_total{outcome="forwarded"} 1.0' in metrics
-        assert "scache_persistence_fsyncs 1.0" in metrics
+        assert "scache_persistence_fsyncs_total 1.0" in metrics
 
 
 def test_conversation_header_scopes_the_cache(minilm_embedder, tmp_path, upstream):
