@@ -12,7 +12,7 @@ from cache_core.service.access_log import incoming_id
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import RecordingPublisher
+from tests.unit.cache_core.helpers import RecordingPublisher
 
 
 @pytest.fixture()
