@@ -103,7 +103,7 @@ def _push(settings: Settings, config: ExperimentConfig, change: changes.Change, 
 def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrails, *, client,
                     apply: bool = True, actor: str = "autotune", lookback_s: float = DEFAULT_LOOKBACK_S,
                     clusters: bool = False, canary_share: float = DEFAULT_CANARY_SHARE,
-                    canary_method: Literal["sequential", "bound"] = "sequential", explore: bool = True,
+                    explore: bool = True,
                     explore_share: float | None = None, clock: Callable[[], int] = now_ms) -> list[TuneAction]:
     """One auto-tune pass over one experiment (see the module docstring). Explorations go
     out on ``explore_share`` of the arm's units (None: ``canary_share``); 0 turns them off."""
@@ -118,8 +118,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
             continue
         decision = evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name,
                                                                     arm.canary.started_at_ms),
-                                          min_labelled=guardrails.min_labelled, alpha=guardrails.alpha,
-                                          method=canary_method)
+                                          min_labelled=guardrails.min_labelled, alpha=guardrails.alpha)
         applied = apply and decision.action != "continue"
         if applied:
             change = changes.promote_canary(arm.name) if decision.action == "promote" else changes.rollback_canary(arm.name)
@@ -260,7 +259,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of an arm's units that try a threshold change first (0: push directly; "
                         "also the exploration share unless --explore-share is given; multi arms' floor / "
                         "margin changes always go out directly)")
-    p.add_argument("--canary-method", choices=["sequential", "bound"], default="sequential")
     p.add_argument("--no-explore", dest="explore", action="store_false",
                    help="never try a threshold (or multi score floor) below what the logs support on a "
                         "canary (default: explore when the explore share > 0)")
@@ -292,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: {exc}", file=sys.stderr)
         return 2
     options = dict(apply=not args.dry_run, actor=args.actor, lookback_s=args.lookback_s, clusters=args.clusters,
-                   canary_share=args.canary_share, canary_method=args.canary_method, explore=args.explore,
+                   canary_share=args.canary_share, explore=args.explore,
                    explore_share=args.explore_share)
     while True:
         try:

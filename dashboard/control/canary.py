@@ -1,8 +1,8 @@
 """Canary verdicts and canary history, free of any UI or I/O.
 
 ``evaluate_canary`` says promote / rollback / continue for a running canary from its
-labelled hits, with the sequential test (safe to re-evaluate on every run) or a fixed
-one-sided bound. ``rolled_back_canaries`` reads the audit (queries.change_history with
+labelled hits, with an exact always-valid test against its target (safe to re-evaluate on
+every run). ``rolled_back_canaries`` reads the audit (queries.change_history with
 ``configs_by_version``) for canaries that ended without their values becoming the arm's;
 ``last_failed_try`` bounds an arm's next exploration by the highest value one tried.
 """
@@ -16,7 +16,8 @@ import pandas as pd
 
 from cache_core.experiments import CanaryConfig, ExperimentConfig
 from dashboard.control.guardrails import Guardrails
-from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat, lower_bound, rate_vs_target, upper_bound
+from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat
+from dashboard.control.target_test import test_against_target
 
 
 CanaryAction = Literal["promote", "rollback", "continue"]
@@ -30,31 +31,26 @@ class CanaryDecision:
     wrong: int
     false_hit_rate: float | None
     evidence: float | None
-    """The always-valid p-value (sequential) or the bound that decided (fixed)."""
+    """The always-valid p-value of the side the labels lean to (``target_test.TargetTest``)."""
 
 
 def evaluate_canary(canary: CanaryConfig, labelled: ProportionStat, *, min_labelled: int = 30,
-                    alpha: float = DEFAULT_ALPHA,
-                    method: Literal["sequential", "bound"] = "sequential") -> CanaryDecision:
+                    alpha: float = DEFAULT_ALPHA) -> CanaryDecision:
     """Promote, roll back, or keep watching a canary, from its labelled hits (n, wrong).
 
     rollback: the false-hit rate is above ``canary.target_false_hit_rate`` with confidence;
     promote: it is below with confidence and at least ``min_labelled`` labels are in;
-    continue: otherwise. ``sequential`` uses the always-valid mSPRT (the auto-tune loop
-    re-evaluates on every run); ``bound`` uses fixed one-sided Clopper-Pearson bounds.
+    continue: otherwise. Confidence is the exact, always-valid one-sided test of
+    ``target_test`` (truncated Beta mixtures), so the auto-tune loop may re-evaluate on
+    every run: a canary exactly at target is rolled back, or promoted, with chance at most
+    ``alpha`` each over all its looks. (A fixed Clopper-Pearson bound re-checked on every
+    run, the former ``bound`` method, rolled back a third of such canaries and promoted as
+    many: gone.)
     """
     target = canary.target_false_hit_rate
     n, wrong, rate = labelled.n, labelled.successes, labelled.rate
-    if method == "sequential":
-        side, evidence = rate_vs_target(labelled, target, alpha)
-        above, below = side == "above", side == "below"
-    elif method == "bound":
-        low, high = lower_bound(labelled, alpha), upper_bound(labelled, alpha)
-        above = low is not None and low > target
-        below = high is not None and high < target
-        evidence = low if above else high
-    else:
-        raise ValueError(f"unknown method {method!r}; choose 'sequential' or 'bound'")
+    result = test_against_target(labelled, target, alpha)
+    above, below, evidence = result.side == "above", result.side == "below", result.p_value
     shown = "—" if rate is None else f"{rate:.1%}"
     if above:
         return CanaryDecision("rollback", f"false-hit rate {shown} ({wrong}/{n}) is above the target "

@@ -7,6 +7,7 @@ says so in ``status``; it never returns a made-up p-value or interval.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from collections.abc import Mapping
@@ -97,6 +98,7 @@ class SrmResult:
     detail: str = ""
 
 
+@functools.lru_cache(maxsize=64)
 def _z_critical(alpha: float) -> float:
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
@@ -305,25 +307,6 @@ def sequential_path(control_path: Sequence[ProportionStat], treatment_path: Sequ
         result = sequential_test(c, t, alpha, mixture_sd, previous_p=p)
         p = result.p_value if result.p_value is not None else p
     return result
-
-
-def rate_vs_target(stat: ProportionStat, target: float, alpha: float = DEFAULT_ALPHA,
-                   mixture_sd: float = DEFAULT_MIXTURE_SD) -> tuple[Literal["above", "below", "unsure"], float]:
-    """Sequential one-proportion test of ``stat.rate`` against ``target``.
-
-    Returns the confident side (or "unsure") and the always-valid p-value of rate == target.
-    The variance is the null's, target (1 - target) / n, so zero observed failures
-    still carry evidence. Safe to evaluate after every new label.
-    """
-    if not 0.0 < target < 1.0:
-        raise ValueError(f"target must be in (0, 1), got {target}")
-    if stat.n == 0:
-        return "unsure", 1.0
-    lr = msprt_statistic(stat.successes / stat.n, target * (1 - target) / stat.n, mixture_sd, null=target)
-    p = min(1.0, 1.0 / lr)
-    if p > alpha:
-        return "unsure", p
-    return ("above" if stat.successes / stat.n > target else "below"), p
 
 
 # -- one-sided bounds and multiple comparisons ---------------------------------------

@@ -84,13 +84,6 @@ def test_sequential_detects_a_real_difference_and_is_stricter_than_fixed():
     assert z_only.p_value < 0.05 and seq.p_value > z_only.p_value
 
 
-def test_rate_vs_target():
-    assert stats.rate_vs_target(ProportionStat(400, 60), 0.05)[0] == "above"
-    assert stats.rate_vs_target(ProportionStat(2000, 20), 0.05)[0] == "below"
-    assert stats.rate_vs_target(ProportionStat(40, 2), 0.05)[0] == "unsure"
-    assert stats.rate_vs_target(ProportionStat(0, 0), 0.05) == ("unsure", 1.0)
-
-
 @pytest.mark.parametrize("n,k", [(200, 7), (50, 0), (30, 30), (1000, 611)])
 def test_one_sided_bounds_match_statsmodels_clopper_pearson(n, k):
     low, high = proportion_confint(k, n, alpha=0.10, method="beta")  # two-sided 90% = one-sided 95% each

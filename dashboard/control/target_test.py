@@ -1,0 +1,100 @@
+"""An exact, always-valid one-sided test of a proportion against a target (the canary's test).
+
+A canary's false-hit rate p is judged against its target t on every auto-tune run, from
+its labelled hits (k wrong of n). Small rates (t = 1-5%) and repeated looks rule out a
+normal approximation and a fixed bound re-checked at every run. Here each side is a
+mixture likelihood ratio, a nonnegative supermartingale under its null (Ville's inequality:
+the chance it *ever* reaches 1/alpha is at most alpha, however often it is looked at):
+
+    above (H0: p <= t):  E_n = ∫_{p > t}  (p / t)^k ((1 - p) / (1 - t))^(n - k) dπ(p)
+    below (H0: p >= t):  E_n = ∫_{p < t}  (p / t)^k ((1 - p) / (1 - t))^(n - k) dπ(p)
+
+with π a Beta prior centred on the target (mean t, sd ``relative_sd`` * t) truncated to
+the alternative. For p0 on the null side, each factor's expectation is
+p0 p / t + (1 - p0)(1 - p) / (1 - t) <= 1, so the product is a supermartingale for every
+null rate, not only p0 = t. In closed form (B: the Beta function, F: the Beta cdf):
+
+    E_n = B(a + k, b + n - k) / B(a, b) * Pπ_n(alt) / Pπ(alt) / (t^k (1 - t)^(n - k))
+
+where Pπ_n is the posterior mass of the alternative. "rollback" when the above side
+reaches 1/alpha, "promote" when the below side does. Labels are treated as independent
+trials (users' verdicts on different hits); the wrong-rollback and wrong-promotion rates
+measured under repeated looks are in bench/stats_simulation.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import special
+from scipy import stats as sps
+
+from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat
+
+DEFAULT_RELATIVE_SD = 0.5
+"""Prior sd of the rate, relative to the target: the mixture spends its power on rates
+within about half the target of it (at 2%: 1-3%)."""
+
+Side = Literal["above", "below", "unsure"]
+
+
+@dataclass(frozen=True)
+class TargetTest:
+    side: Side
+    """Which side of the target the rate is on with confidence, or "unsure"."""
+    e_above: float
+    """The mixture martingale against "rate <= target" (>= 1/alpha: above with confidence)."""
+    e_below: float
+    """The mixture martingale against "rate >= target"."""
+
+    @property
+    def p_value(self) -> float:
+        """Always-valid p-value of the side found (of the closer one when unsure), at this look."""
+        return min(1.0, 1.0 / max(self.e_above, self.e_below, 1e-300))
+
+
+def prior(target: float, relative_sd: float = DEFAULT_RELATIVE_SD) -> tuple[float, float]:
+    """Beta(a, b) with mean ``target`` and sd ``relative_sd * target``."""
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1), got {target}")
+    if relative_sd <= 0:
+        raise ValueError(f"relative_sd must be positive, got {relative_sd}")
+    sd = relative_sd * target
+    strength = target * (1 - target) / (sd * sd) - 1
+    if strength <= 0:
+        raise ValueError(f"relative_sd {relative_sd} is too wide for target {target}")
+    return target * strength, (1 - target) * strength
+
+
+def log_e_value(wrong, n, target: float, side: Literal["above", "below"],
+                relative_sd: float = DEFAULT_RELATIVE_SD):
+    """log E_n of one side (see the module docstring); ``wrong`` and ``n`` may be arrays
+    (the simulations evaluate every look of every run at once)."""
+    wrong, n = np.asarray(wrong, dtype="float64"), np.asarray(n, dtype="float64")
+    if np.any(n < 0) or np.any(wrong < 0) or np.any(wrong > n):
+        raise ValueError(f"need 0 <= wrong <= n, got wrong={wrong}, n={n}")
+    a, b = prior(target, relative_sd)
+    post_a, post_b = a + wrong, b + n - wrong
+    if side == "above":
+        log_mass, log_mass0 = sps.beta.logsf(target, post_a, post_b), sps.beta.logsf(target, a, b)
+    else:
+        log_mass, log_mass0 = sps.beta.logcdf(target, post_a, post_b), sps.beta.logcdf(target, a, b)
+    log_null = wrong * math.log(target) + (n - wrong) * math.log1p(-target)
+    out = special.betaln(post_a, post_b) - special.betaln(a, b) + log_mass - log_mass0 - log_null
+    return float(out) if out.ndim == 0 else out
+
+
+def test_against_target(stat: ProportionStat, target: float, alpha: float = DEFAULT_ALPHA,
+                        relative_sd: float = DEFAULT_RELATIVE_SD) -> TargetTest:
+    """Both sides at once: "above" / "below" when that side's martingale reaches 1/alpha."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    above = math.exp(min(log_e_value(stat.successes, stat.n, target, "above", relative_sd), 700.0))
+    below = math.exp(min(log_e_value(stat.successes, stat.n, target, "below", relative_sd), 700.0))
+    side: Side = "above" if above >= 1 / alpha else "below" if below >= 1 / alpha else "unsure"
+    return TargetTest(side, above, below)
+
+
+test_against_target.__test__ = False  # a statistical test, not a pytest one
