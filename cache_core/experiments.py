@@ -32,6 +32,24 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class JudgeConfig(_Closed):
+    """A learned second stage (cache_core.decision.judge): candidates at or above the arm's
+    threshold (then a floor, not the rule) are served only if the judge's probability that
+    the cached answer fits reaches the operating point."""
+
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """The artifact ``judge-<version>.json`` in the cache's ``judge_dir``."""
+    max_false_hit_rate: float = Field(0.05, gt=0.0, lt=1.0)
+    """Operating point: the artifact's held-out cut for this share of wrong hits."""
+    accept_at: float | None = Field(None, ge=0.0, le=1.0)
+    """An explicit probability cut instead (what auto-tune and canaries move)."""
+    candidates: int = Field(5, ge=1, le=20)
+    """How many of the best candidates above the floor the judge reads (one encoder call)."""
+    on_unavailable: Literal["miss", "threshold"] = "miss"
+    """If the artifact cannot be loaded: "miss" (safe: nothing unjudged is served; every
+    lookup goes to the model) or "threshold" (serve by the arm's cosine threshold alone)."""
+
+
 class CanaryConfig(_Closed):
     """A pending threshold (and, on a multi arm, score floor / answer margin) change tried
     on a share of one arm's units first.
@@ -49,6 +67,9 @@ class CanaryConfig(_Closed):
     """Multi arms only: the mixed-score floor the canary units use (None: the arm's)."""
     answer_margin: float | None = Field(None, ge=0.0, le=1.0)
     """Multi arms only: the answer margin the canary units use (None: the arm's)."""
+    judge: JudgeConfig | None = None
+    """The judge (version, operating point) the canary units use (None: the arm's): a new judge
+    version goes out as a canary like a threshold."""
 
     @property
     def multi_override(self) -> dict[str, float]:
@@ -108,6 +129,8 @@ class ArmConfig(_Closed):
     """"cosine": serve the nearest candidate at or above the threshold. "multi": re-rank
     the candidates at or above it by ``multi`` (cache_core.decision.rerank)."""
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
+    judge: JudgeConfig | None = None
+    """A learned second stage after the threshold (None: the threshold decides)."""
     invalidate_after_wrong: int = Field(1, ge=0)
     """Remove an entry once this many units (users) got a "wrong" verdict on a hit it served
     (cache_core.state.feedback); 0: feedback never removes entries."""

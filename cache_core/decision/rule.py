@@ -5,16 +5,18 @@ Stages, in order (the package docstring has the rule in words):
    cosine first, or on a multi arm re-ranked by the mixed score and kept only if a clear
    winner (``rerank``);
 2. guards: the arm's lexical guards may veto an eligible candidate (``guards``);
-3. judge: a second-stage judge may veto it after them (``judge``).
-The first eligible candidate no stage vetoes is served.
+3. judge: on an arm with one, the judge picks the most probable of the candidates the
+   guards let through and serves it if it reaches the operating point (``judge``).
+Without a judge, the first eligible candidate no guard vetoes is served.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 
 from cache_core.decision.guards import first_conflict
-from cache_core.decision.judge import JUDGE_VETO, NO_JUDGE, Judge, judge_for
+from cache_core.decision.judge import (JUDGE_UNAVAILABLE, JUDGE_VETO, Judge, JudgeLookup, Unavailable,
+                                       judge_config, no_judges)
 from cache_core.decision.rerank import Weights, rank
 from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.experiments import ArmConfig, Variant
@@ -37,6 +39,12 @@ class Decision:
     """Multi arms: the best-ranked candidate's mixed score (CacheEvent.score)."""
     score_margin: float | None = None
     """Multi arms: its lead over the best candidate with another answer (CacheEvent.score_margin)."""
+    judge_version: str | None = None
+    """The judge that decided (None: no judge on this arm)."""
+    judge_probability: float | None = None
+    """Its probability for the most probable candidate (served or not)."""
+    judge_ms: float | None = None
+    """Time the judge took (token vectors and trees)."""
 
     @property
     def hit(self) -> bool:
@@ -46,27 +54,47 @@ class Decision:
 class HitRule:
     """Decides lookups; stateless apart from how it finds an arm's judge (``judges``)."""
 
-    def __init__(self, judges: Callable[[ArmConfig], Judge] = judge_for):
-        self._judge_for = judges
+    def __init__(self, judges: JudgeLookup = no_judges):
+        self._judges = judges
 
     def decide(self, query: str, candidates: list[Candidate], arm: ArmConfig, cluster: int | None,
                variant: Variant = "base") -> Decision:
-        """Serve the first eligible candidate that no guard and no judge vetoes.
+        """Serve an eligible candidate no guard vetoes, chosen by the arm's judge if it has one.
         ``candidates``: the live ones the search found, best cosine first."""
         decision = self._eligible(query, candidates, arm, threshold_for(arm, cluster, variant), variant)
-        judge = self._judge_for(arm)
+        judge = self._judges(arm, variant) if judge_config(arm, variant) is not None else None
+        allowed = []
         for candidate in decision.eligible:
             veto = first_conflict(query, candidate.entry.query, arm.guards)
-            if veto is None and judge is not NO_JUDGE:
-                probability = judge.score(query, candidate.entry.query, candidate.similarity,
-                                          cached_answer=candidate.entry.answer)
-                veto = None if probability >= judge.accept_at else JUDGE_VETO
             if veto is None:
-                decision.served = candidate
-                return decision
-            decision.guard = decision.guard or veto
+                if judge is None or (isinstance(judge, Unavailable) and judge.on_unavailable == "threshold"):
+                    decision.served = candidate
+                    break
+                allowed.append(candidate)
+            else:
+                decision.guard = decision.guard or veto
+        if isinstance(judge, Unavailable):
+            decision.judge_version = judge.version
+            if decision.served is None and (allowed or decision.eligible):
+                decision.guard = decision.guard or JUDGE_UNAVAILABLE
+            return decision
+        if judge is not None and allowed:
+            self._judge(query, allowed[:judge_config(arm, variant).candidates], judge, decision)
         return decision
 
+    @staticmethod
+    def _judge(query: str, allowed: list[Candidate], judge: Judge, decision: Decision) -> None:
+        started = time.perf_counter()
+        probabilities = judge.score_many(query, [c.entry.query for c in allowed],
+                                         [c.similarity for c in allowed])
+        best = int(probabilities.argmax())
+        decision.judge_version = judge.version
+        decision.judge_probability = float(probabilities[best])
+        decision.judge_ms = (time.perf_counter() - started) * 1e3
+        if probabilities[best] >= judge.accept_at:
+            decision.served = allowed[best]
+        else:
+            decision.guard = decision.guard or JUDGE_VETO
     @staticmethod
     def _eligible(query: str, candidates: list[Candidate], arm: ArmConfig, threshold: float,
                   variant: Variant) -> Decision:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache_core.decision.judge import JUDGE_VETO, NO_JUDGE, judge_for
+from cache_core.decision.judge import JUDGE_UNAVAILABLE, JUDGE_VETO, Unavailable, no_judges
 from cache_core.decision.rule import HitRule
 from cache_core.decision.thresholds import threshold_for
-from cache_core.experiments import ArmConfig, CanaryConfig
+from cache_core.experiments import ArmConfig, CanaryConfig, JudgeConfig
 from cache_core.types import CacheEntry, Candidate
 
 
@@ -18,16 +18,20 @@ def candidate(query: str, similarity: float, answer: str = "a") -> Candidate:
 
 
 class Refuses:
-    """A judge that refuses one cached question."""
+    """A judge that gives one cached question a low probability and the others a high one."""
 
+    version = "t1"
     accept_at = 0.5
 
-    def __init__(self, refused: str):
-        self.refused, self.calls = refused, []
+    def __init__(self, refused: str, others: float = 0.9):
+        self.refused, self.others, self.calls = refused, others, []
 
-    def score(self, query, cached_query, cosine, *, cached_answer):
-        self.calls.append(cached_query)
-        return 0.1 if cached_query == self.refused else 0.9
+    def score_many(self, query, cached_queries, cosines):
+        self.calls.append(list(cached_queries))
+        return np.array([0.1 if q == self.refused else self.others for q in cached_queries])
+
+
+JUDGED = ArmConfig(name="a", threshold=0.8, judge=JudgeConfig(version="t1"))
 
 
 def test_thresholds_follow_variant_then_cluster_then_arm():
@@ -50,14 +54,53 @@ def test_a_guard_vetoes_and_the_next_candidate_is_tried():
     assert decision.served.entry.query == "transfer 50 dollars" and decision.guard == "numbers"
 
 
-def test_the_judge_runs_after_the_guards_and_may_veto():
+def test_the_judge_serves_its_most_probable_candidate_in_one_call():
     judge = Refuses("x")
-    rule = HitRule(judges=lambda arm: judge)
-    arm = ArmConfig(name="a", threshold=0.8)
-    decision = rule.decide("q", [candidate("x", 0.95), candidate("y", 0.9)], arm, cluster=0)
-    assert decision.served.entry.query == "y" and decision.guard == JUDGE_VETO and judge.calls == ["x", "y"]
-    assert not rule.decide("q", [candidate("x", 0.95)], arm, cluster=0).hit
+    rule = HitRule(judges=lambda arm, variant="base": judge)
+    decision = rule.decide("q", [candidate("x", 0.95), candidate("y", 0.9)], JUDGED, cluster=0)
+    assert decision.served.entry.query == "y" and judge.calls == [["x", "y"]]
+    assert (decision.judge_version, decision.judge_probability) == ("t1", 0.9) and decision.judge_ms >= 0
+
+
+def test_below_the_operating_point_the_judge_makes_a_miss():
+    rule = HitRule(judges=lambda arm, variant="base": Refuses("x", others=0.3))
+    decision = rule.decide("q", [candidate("x", 0.95), candidate("y", 0.9)], JUDGED, cluster=0)
+    assert not decision.hit and decision.guard == JUDGE_VETO and decision.judge_probability == 0.3
+
+
+def test_the_judge_reads_only_what_the_guards_let_through_and_at_most_its_candidates():
+    judge = Refuses("none")
+    arm = JUDGED.model_copy(update={"guards": ["numbers"], "judge": JudgeConfig(version="t1", candidates=1)})
+    rule = HitRule(judges=lambda arm, variant="base": judge)
+    rule.decide("pay 5 dollars", [candidate("pay 6 dollars", 0.95), candidate("pay 5 usd", 0.9),
+                                  candidate("pay five dollars", 0.85)], arm, cluster=0)
+    assert judge.calls == [["pay 5 usd"]]
+
+
+def test_an_unavailable_judge_misses_or_falls_back_to_the_threshold_as_configured():
+    for policy, served in (("miss", None), ("threshold", "x")):
+        arm = JUDGED.model_copy(update={"judge": JudgeConfig(version="t1", on_unavailable=policy)})
+        decision = HitRule(judges=no_judges).decide("q", [candidate("x", 0.95)], arm, cluster=0)
+        assert (decision.served.entry.query if decision.hit else None) == served
+        assert decision.judge_version == "t1"
+        assert decision.guard == (JUDGE_UNAVAILABLE if policy == "miss" else None)
+
+
+def test_a_canary_tries_its_own_judge_version():
+    seen = []
+
+    def judges(arm, variant="base"):
+        from cache_core.decision.judge import judge_config
+        seen.append(judge_config(arm, variant).version)
+        return Refuses("none")
+
+    arm = JUDGED.model_copy(update={"canary": CanaryConfig(threshold=0.8, share=0.1, judge=JudgeConfig(version="t2"))})
+    HitRule(judges=judges).decide("q", [candidate("x", 0.9)], arm, cluster=0, variant="canary")
+    HitRule(judges=judges).decide("q", [candidate("x", 0.9)], arm, cluster=0)
+    assert seen == ["t2", "t1"]
 
 
 def test_arms_have_no_judge_by_default():
-    assert judge_for(ArmConfig(name="a")) is NO_JUDGE
+    assert ArmConfig(name="a").judge is None
+    assert no_judges(ArmConfig(name="a")) is None
+    assert isinstance(no_judges(JUDGED), Unavailable)

@@ -1,0 +1,254 @@
+"""A trained judge as a file every replica loads: boosted trees over ``judge_features``, calibrated.
+
+Artifact format ``scache-judge/1``: one JSON file ``judge-<version>.json``, numbers and
+strings only (no pickle: a judge file comes from a shared store, and loading it must never
+run code). It holds the feature names it was trained on, the trees (sklearn's
+HistGradientBoosting, exported node by node), an isotonic calibration map from the
+trees' raw score to a probability, and the training report, including the *operating
+points*: the smallest probability whose hits stayed within 2%, 5% and 10% wrong on the
+held-out split. A digest of the content guards against a truncated or edited file.
+
+Inference is numpy only: a few hundred node lookups per candidate. The judge's cost is the
+token vectors of the query and its candidates (one batched encoder call per lookup).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cache_core.decision.judge_features import FEATURE_NAMES, TokenVectors, pair_features
+
+log = logging.getLogger(__name__)
+
+FORMAT = "scache-judge/1"
+VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class JudgeLoadError(ValueError):
+    """A judge artifact that cannot be used: missing, corrupt, or for other features."""
+
+
+@dataclass(frozen=True)
+class Trees:
+    """Boosted regression trees: raw score = baseline + sum of each tree's leaf value."""
+
+    baseline: float
+    feature: np.ndarray       # (trees, nodes) int
+    threshold: np.ndarray     # (trees, nodes) float: go left when x <= threshold
+    left: np.ndarray          # (trees, nodes) int
+    right: np.ndarray         # (trees, nodes) int
+    missing_left: np.ndarray  # (trees, nodes) bool
+    leaf: np.ndarray          # (trees, nodes) bool
+    value: np.ndarray         # (trees, nodes) float
+
+    def raw(self, X: np.ndarray) -> np.ndarray:
+        """Raw (log-odds) scores of the rows of ``X``."""
+        out = np.full(len(X), self.baseline, dtype=np.float64)
+        rows = np.arange(len(X))
+        for t in range(self.feature.shape[0]):
+            node = np.zeros(len(X), dtype=np.int64)
+            active = ~self.leaf[t, node]
+            while active.any():
+                n = node[active]
+                x = X[rows[active], self.feature[t, n]]
+                go_left = np.where(np.isnan(x), self.missing_left[t, n], x <= self.threshold[t, n])
+                node[active] = np.where(go_left, self.left[t, n], self.right[t, n])
+                active = ~self.leaf[t, node]
+            out += self.value[t, node]
+        return out
+
+    def to_json(self) -> dict:
+        return {"baseline": self.baseline, **{name: getattr(self, name).tolist() for name in
+                                              ("feature", "threshold", "left", "right", "missing_left",
+                                               "leaf", "value")}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Trees":
+        def arr(name, dtype):
+            return np.asarray(data[name], dtype=dtype)
+
+        trees = cls(float(data["baseline"]), arr("feature", np.int64), arr("threshold", np.float64),
+                    arr("left", np.int64), arr("right", np.int64), arr("missing_left", bool),
+                    arr("leaf", bool), arr("value", np.float64))
+        shapes = {getattr(trees, n).shape for n in ("feature", "threshold", "left", "right",
+                                                    "missing_left", "leaf", "value")}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise JudgeLoadError("judge trees have inconsistent shapes")
+        nodes = trees.feature.shape[1]
+        inner = ~trees.leaf
+        if (inner & ((trees.left < 0) | (trees.left >= nodes) | (trees.right < 0) | (trees.right >= nodes))).any():
+            raise JudgeLoadError("judge trees point outside themselves")
+        return trees
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Isotonic map raw score -> probability (piecewise linear between the knots)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        return np.interp(raw, self.x, self.y)
+
+
+@dataclass(frozen=True)
+class JudgeArtifact:
+    """A trained judge: what it reads, how it scores, where to cut, how it was trained."""
+
+    version: str
+    encoder: str
+    feature_names: tuple[str, ...]
+    trees: Trees
+    calibration: Calibration
+    operating_points: dict[str, float]
+    """Target false-hit rate (as "0.05") -> smallest probability that met it on held-out pairs."""
+    report: dict
+
+    def probabilities(self, X: np.ndarray) -> np.ndarray:
+        return self.calibration(self.trees.raw(np.asarray(X, dtype=np.float64)))
+
+    def accept_at(self, max_false_hit_rate: float) -> float:
+        """The probability cut for a target false-hit rate: the held-out operating point of the
+        largest trained target not above it (the strictest if none is)."""
+        known = sorted((float(k), v) for k, v in self.operating_points.items())
+        fitting = [v for k, v in known if k <= max_false_hit_rate + 1e-12]
+        return fitting[-1] if fitting else (known[0][1] if known else 0.5)
+
+    # -- files -----------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        body = {"format": FORMAT, "version": self.version, "encoder": self.encoder,
+                "feature_names": list(self.feature_names), "trees": self.trees.to_json(),
+                "calibration": {"x": self.calibration.x.tolist(), "y": self.calibration.y.tolist()},
+                "operating_points": self.operating_points, "report": self.report}
+        return body | {"sha256": _digest(body)}
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / artifact_name(self.version)
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(self.to_json()))
+        staging.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "JudgeArtifact":
+        """Read and check an artifact; ``JudgeLoadError`` says what is wrong with it."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise JudgeLoadError(f"judge artifact {path} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise JudgeLoadError(f"judge artifact {path} is not readable JSON: {exc}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise JudgeLoadError(f"judge artifact {path}: format is not {FORMAT!r}")
+        stored = data.pop("sha256", None)
+        if stored != _digest(data):
+            raise JudgeLoadError(f"judge artifact {path}: content digest does not match (truncated or edited)")
+        if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
+            raise JudgeLoadError(f"judge artifact {path} was trained on other features "
+                                 f"({data.get('feature_names')}); retrain it with this version")
+        try:
+            cal = data["calibration"]
+            return cls(version=str(data["version"]), encoder=str(data["encoder"]),
+                       feature_names=FEATURE_NAMES, trees=Trees.from_json(data["trees"]),
+                       calibration=Calibration(np.asarray(cal["x"], float), np.asarray(cal["y"], float)),
+                       operating_points={str(k): float(v) for k, v in data["operating_points"].items()},
+                       report=dict(data.get("report", {})))
+        except JudgeLoadError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JudgeLoadError(f"judge artifact {path} is incomplete: {exc!r}") from None
+
+
+def artifact_name(version: str) -> str:
+    if not VERSION_PATTERN.match(version):
+        raise ValueError(f"judge version must match {VERSION_PATTERN.pattern}, got {version!r}")
+    return f"judge-{version}.json"
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+TokenEncoder = Callable[[Sequence[str]], list[TokenVectors]]
+"""Texts -> their contextual token vectors (``token_encoder`` builds one from an embedder)."""
+
+
+class LearnedJudge:
+    """An artifact at an operating point, scoring a lookup's candidates in one encoder call."""
+
+    def __init__(self, artifact: JudgeArtifact, tokens: TokenEncoder, accept_at: float):
+        self.artifact = artifact
+        self.version = artifact.version
+        self.accept_at = accept_at
+        self._tokens = tokens
+
+    def score_many(self, query: str, cached_queries: Sequence[str], cosines: Sequence[float]) -> np.ndarray:
+        """Probability, per candidate, that its answer fits ``query``."""
+        if not cached_queries:
+            return np.zeros(0)
+        vectors = self._tokens([query, *cached_queries])
+        X = np.array([pair_features(cached, query, cos, vec, vectors[0])
+                      for cached, cos, vec in zip(cached_queries, cosines, vectors[1:])])
+        return self.artifact.probabilities(X)
+
+    def score(self, query: str, cached_query: str, cosine: float, *, cached_answer: str = "") -> float:
+        return float(self.score_many(query, [cached_query], [cosine])[0])
+
+
+class JudgeShelf:
+    """The judges a replica has loaded, by version, from one directory (``cache.judge_dir``).
+
+    Loads lazily on the first lookup that names a version and keeps it; a version that
+    fails to load is remembered with its error (logged once) and retried after
+    ``retry_s``, so a judge file copied in later is picked up without a restart.
+    """
+
+    def __init__(self, directory: Path, tokens: Callable[[], TokenEncoder], retry_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.directory = Path(directory)
+        self._tokens = tokens
+        self._retry_s = retry_s
+        self._clock = clock
+        self._loaded: dict[str, JudgeArtifact] = {}
+        self._failed: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def artifact(self, version: str) -> JudgeArtifact | None:
+        """The artifact, or None while it cannot be loaded (``error(version)`` says why)."""
+        with self._lock:
+            if version in self._loaded:
+                return self._loaded[version]
+            failed = self._failed.get(version)
+            if failed is not None and self._clock() - failed[0] < self._retry_s:
+                return None
+            try:
+                artifact = JudgeArtifact.load(self.directory / artifact_name(version))
+            except (JudgeLoadError, ValueError) as exc:
+                if failed is None or failed[1] != str(exc):
+                    log.error("judge unavailable", extra={"judge_version": version, "error": str(exc)})
+                self._failed[version] = (self._clock(), str(exc))
+                return None
+            self._failed.pop(version, None)
+            self._loaded[version] = artifact
+            log.info("judge loaded", extra={"judge_version": version, "trees": artifact.trees.feature.shape[0]})
+            return artifact
+
+    def judge(self, version: str, accept_at: float) -> LearnedJudge | None:
+        artifact = self.artifact(version)
+        return None if artifact is None else LearnedJudge(artifact, self._tokens(), accept_at)
+
+    def error(self, version: str) -> str | None:
+        failed = self._failed.get(version)
+        return None if failed is None else failed[1]

@@ -1,0 +1,292 @@
+"""Train a judge from labelled pairs: ``python -m cache_core.decision.judge_train``.
+
+    python -m cache_core.decision.judge_train --pairs my_pairs.jsonl --version v2
+    python -m cache_core.decision.judge_train --shared-data ../shared/data --version v1
+    python -m cache_core.decision.judge_train --pairs my_pairs.csv --shared-data ../shared/data
+
+A pairs file is CSV with a header or JSON Lines, one pair a row: ``query`` (the new
+question), ``cached_query`` (the stored one) and ``label`` (1 / true / "correct": its answer
+fits; 0 / false / "wrong": it does not). The warehouse's user and shadow verdicts export to
+this shape. ``--shared-data`` adds the project's public labelled sets (MRPC, STS-B,
+banking77 nearest-neighbour pairs, GPTCache's mock pairs; see ``shared_pairs``).
+
+Steps: features (``judge_features``) with the cache's own encoder; a stratified split
+(``--holdout`` of the rows, seeded; with a pairs file the held-out rows come from it alone,
+so the operating points are measured in the user's own domain); boosted trees on the rest;
+isotonic calibration and the operating points for 2/5/10% wrong hits on the held-out rows;
+a report (JSON, and a PNG when matplotlib is installed) beside the artifact.
+Deterministic for a given ``--seed``. Writes ``<out>/judge-<version>.json``, which every
+replica reads from its ``SCACHE_CACHE__JUDGE_DIR``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
+from cache_core.decision.judge_model import Calibration, JudgeArtifact, TokenEncoder, Trees, artifact_name
+
+log = logging.getLogger("cache_core.decision.judge_train")
+
+TARGETS = (0.02, 0.05, 0.10)
+TRUE_LABELS = {"1", "true", "correct", "yes", "duplicate"}
+FALSE_LABELS = {"0", "false", "wrong", "no", "different"}
+Pair = tuple[str, str, int]  # cached_query, query, label
+
+
+class PairsError(ValueError):
+    """A pairs file that cannot be read; the message names the file and row."""
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    """Rows of a CSV (with header) or JSON Lines file as (cached_query, query, label)."""
+    if not path.is_file():
+        raise PairsError(f"{path}: no such file")
+    rows: list[dict] = []
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    raise PairsError(f"{path}:{n}: not JSON ({exc})") from None
+    else:
+        rows = list(csv.DictReader(text.splitlines()))
+    pairs = []
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or not all(row.get(k) not in (None, "") for k in ("query", "cached_query", "label")):
+            raise PairsError(f"{path}: row {n} needs query, cached_query and label")
+        label = str(row["label"]).strip().lower()
+        if label not in TRUE_LABELS | FALSE_LABELS:
+            raise PairsError(f"{path}: row {n}: label {row['label']!r} is neither 1/correct nor 0/wrong")
+        pairs.append((str(row["cached_query"]), str(row["query"]), int(label in TRUE_LABELS)))
+    if len({p[2] for p in pairs}) < 2:
+        raise PairsError(f"{path}: needs both correct and wrong pairs, got {len(pairs)} rows of one label")
+    return pairs
+
+
+def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 256) -> np.ndarray:
+    """The feature matrix of ``pairs`` (``encode``: texts -> unit sentence vectors)."""
+    out = []
+    started = time.monotonic()
+    for start in range(0, len(pairs), batch):
+        chunk = pairs[start:start + batch]
+        cached, query = [p[0] for p in chunk], [p[1] for p in chunk]
+        cos = np.sum(encode(cached) * encode(query), axis=1)
+        tc, tq = tokens(cached), tokens(query)
+        out.extend(pair_features(c, q, s, a, b) for c, q, s, a, b in zip(cached, query, cos, tc, tq))
+        if start // batch % 20 == 0:
+            log.info("features %d/%d (%.0f s)", min(start + batch, len(pairs)), len(pairs), time.monotonic() - started)
+    return np.asarray(out, dtype=np.float64)
+
+
+def fit_trees(X: np.ndarray, y: np.ndarray, seed: int, weights: np.ndarray | None = None) -> Trees:
+    """Boosted trees (sklearn's HistGradientBoosting, exported to numpy arrays)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    model = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, max_leaf_nodes=15,
+                                           min_samples_leaf=40, l2_regularization=1.0,
+                                           early_stopping=False, random_state=seed)
+    model.fit(X, y, sample_weight=weights)
+    predictors = [p[0] for p in model._predictors]
+    width = max(len(p.nodes) for p in predictors)
+
+    def stack(field, dtype, fill):
+        out = np.full((len(predictors), width), fill, dtype=dtype)
+        for i, p in enumerate(predictors):
+            out[i, :len(p.nodes)] = p.nodes[field]
+        return out
+
+    return Trees(baseline=float(np.ravel(model._baseline_prediction)[0]),
+                 feature=stack("feature_idx", np.int64, 0), threshold=stack("num_threshold", np.float64, 0.0),
+                 left=stack("left", np.int64, 0), right=stack("right", np.int64, 0),
+                 missing_left=stack("missing_go_to_left", bool, True), leaf=stack("is_leaf", bool, True),
+                 value=stack("value", np.float64, 0.0))
+
+
+def calibrate(raw: np.ndarray, y: np.ndarray) -> Calibration:
+    from sklearn.isotonic import IsotonicRegression
+
+    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(raw, y)
+    return Calibration(np.asarray(iso.X_thresholds_, float), np.asarray(iso.y_thresholds_, float))
+
+
+def curve(prob: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """Served share of true duplicates and wrong share of hits, serving every pair at or above each cut."""
+    order = np.argsort(-prob, kind="stable")
+    ys, ps = y[order], prob[order]
+    tp, fp = np.cumsum(ys), np.cumsum(1 - ys)
+    last = np.r_[ps[1:] != ps[:-1], True]  # ties are served together
+    return {"cut": ps[last], "recall": tp[last] / max(y.sum(), 1), "false_hit": fp[last] / (tp[last] + fp[last])}
+
+
+def operating_points(prob: np.ndarray, y: np.ndarray) -> dict[str, dict]:
+    c = curve(prob, y)
+    points = {}
+    for target in TARGETS:
+        ok = np.where(c["false_hit"] <= target)[0]
+        if len(ok):
+            i = ok.max()
+            points[f"{target:.2f}"] = {"accept_at": float(c["cut"][i]), "recall": float(c["recall"][i]),
+                                       "false_hit": float(c["false_hit"][i])}
+        else:
+            points[f"{target:.2f}"] = {"accept_at": 1.0, "recall": 0.0, "false_hit": None}
+    return points
+
+
+def split(n: int, y: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified (train, holdout) row indices."""
+    rng = np.random.default_rng(seed)
+    held = []
+    for label in (0, 1):
+        idx = np.flatnonzero(y == label)
+        rng.shuffle(idx)
+        held.append(idx[:max(1, int(round(len(idx) * share)))])
+    holdout = np.sort(np.concatenate(held))
+    return np.setdiff1d(np.arange(n), holdout), holdout
+
+
+def train(own: Sequence[Pair], extra: Sequence[Pair], encode, tokens: TokenEncoder, *, version: str,
+          encoder: str, seed: int = 0, holdout: float = 0.2) -> JudgeArtifact:
+    """Trees on the training rows of ``own`` plus all of ``extra``; calibration and operating
+    points on ``own``'s held-out rows (on ``extra``'s when ``own`` is empty)."""
+    started = time.monotonic()
+    base = list(own) if own else list(extra)
+    y_base = np.array([p[2] for p in base])
+    tr, ho = split(len(base), y_base, holdout, seed)
+    X_base = featurise(base, encode, tokens)
+    X_train, y_train = X_base[tr], y_base[tr]
+    if own and extra:
+        X_extra = featurise(list(extra), encode, tokens)
+        X_train = np.vstack([X_train, X_extra])
+        y_train = np.concatenate([y_train, [p[2] for p in extra]])
+    trees = fit_trees(X_train, y_train, seed)
+    raw_ho = trees.raw(X_base[ho])
+    calibration = calibrate(raw_ho, y_base[ho])
+    prob = calibration(raw_ho)
+    points = operating_points(prob, y_base[ho])
+    cos_points = operating_points(X_base[ho, 0], y_base[ho])
+    report = {
+        "seed": seed, "train_rows": int(len(y_train)), "holdout_rows": int(len(ho)),
+        "holdout_positives": int(y_base[ho].sum()), "own_rows": len(own), "extra_rows": len(extra),
+        "train_s": round(time.monotonic() - started, 1), "auc": _auc(prob, y_base[ho]),
+        "operating_points": points, "cosine_operating_points": cos_points,
+        "calibration": _reliability(prob, y_base[ho]),
+    }
+    return JudgeArtifact(version=version, encoder=encoder, feature_names=FEATURE_NAMES, trees=trees,
+                         calibration=calibration,
+                         operating_points={k: v["accept_at"] for k, v in points.items()}, report=report)
+
+
+def _auc(score: np.ndarray, y: np.ndarray) -> float:
+    ranks = np.argsort(np.argsort(score, kind="stable"), kind="stable") + 1
+    pos = y == 1
+    n1, n0 = pos.sum(), (~pos).sum()
+    return float((ranks[pos].sum() - n1 * (n1 + 1) / 2) / max(n1 * n0, 1))
+
+
+def _reliability(prob: np.ndarray, y: np.ndarray, bins: int = 10) -> list[dict]:
+    edges = np.linspace(0, 1, bins + 1)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (prob >= lo) & ((prob < hi) | (hi == 1.0))
+        if inside.any():
+            out.append({"bin": [round(lo, 2), round(hi, 2)], "n": int(inside.sum()),
+                        "predicted": float(prob[inside].mean()), "observed": float(y[inside].mean())})
+    return out
+
+
+def plot_report(artifact: JudgeArtifact, prob: np.ndarray | None, path: Path) -> bool:
+    """Operating points and calibration as a PNG; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    report = artifact.report
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, key in (("judge", "operating_points"), ("cosine", "cosine_operating_points")):
+        pts = report[key]
+        left.plot([float(k) * 100 for k in pts], [pts[k]["recall"] * 100 for k in pts], marker="o", label=name)
+    left.set(xlabel="wrong share of hits, target (%)", ylabel="true duplicates served (%)",
+             title=f"judge {artifact.version}: held-out operating points")
+    left.legend()
+    cal = report["calibration"]
+    right.plot([0, 1], [0, 1], color="grey", lw=0.8)
+    right.plot([b["predicted"] for b in cal], [b["observed"] for b in cal], marker="o")
+    right.set(xlabel="predicted probability", ylabel="observed share correct", title="calibration (held-out)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cache_core.decision.judge_train",
+                                description="Train a judge artifact from labelled (query, cached_query, label) pairs.")
+    p.add_argument("--pairs", type=Path, help="CSV (header) or JSON Lines: query, cached_query, label")
+    p.add_argument("--shared-data", type=Path, help="also train on the public sets in this folder (../shared/data)")
+    p.add_argument("--version", help="artifact version (default: a timestamp, v<YYYYmmddHHMM>)")
+    p.add_argument("--out", type=Path, help="artifact directory (default: the cache's judge_dir setting)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--holdout", type=float, default=0.2, help="share of rows held out for calibration (0.05-0.5)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cache_core.settings import get_settings
+
+    args = _parser().parse_args(argv)
+    if args.pairs is None and args.shared_data is None:
+        _parser().error("give --pairs FILE, --shared-data DIR, or both")
+    if not 0.05 <= args.holdout <= 0.5:
+        _parser().error(f"--holdout must be within 0.05-0.5, got {args.holdout}")
+    version = args.version or time.strftime("v%Y%m%d%H%M", time.gmtime())
+    try:
+        artifact_name(version)
+        own = read_pairs(args.pairs) if args.pairs else []
+        from cache_core.decision.judge_shared_pairs import SharedDataError, shared_pairs
+        settings = get_settings().cache
+        encode, tokens = _encoders(settings)
+        extra = shared_pairs(args.shared_data, encode) if args.shared_data else []
+    except (PairsError, ValueError, OSError) as exc:
+        print(f"judge_train: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log.info("training judge %s on %d own + %d shared pairs", version, len(own), len(extra))
+    artifact = train(own, extra, encode, tokens, version=version, encoder=settings.model, seed=args.seed,
+                     holdout=args.holdout)
+    out = args.out or Path(settings.judge_dir)
+    path = artifact.save(out)
+    (out / f"judge-{version}.report.json").write_text(json.dumps(artifact.report, indent=1))
+    plot_report(artifact, None, out / f"judge-{version}.report.png")
+    pts = artifact.report["operating_points"]
+    cos = artifact.report["cosine_operating_points"]
+    print(f"wrote {path}")
+    for key in pts:
+        print(f"  at <= {float(key):.0%} wrong: judge serves {pts[key]['recall']:.1%} of duplicates "
+              f"(accept_at {pts[key]['accept_at']:.3f}), cosine {cos[key]['recall']:.1%}")
+    return 0
+
+
+def _encoders(settings):
+    from cache_core.decision.judge_tokens import token_encoder
+    from cache_core.embedding import load_embedder
+
+    embedder = load_embedder(settings)
+    return embedder.encode, token_encoder(settings.model)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
