@@ -27,6 +27,7 @@ import numpy as np
 
 from cache_core import admission
 from cache_core.clusters import OnlineClusters
+from cache_core.decision.judge import judge_config
 from cache_core.decision.rule import HitRule
 from cache_core.emit import MAX_CHECK_BACKLOG, EventEmitter, EventSink, LookupRecord, entry_snapshot
 from cache_core.embedding.embedder import Embedder
@@ -139,22 +140,29 @@ class SemanticCache:
                 self.ann_checker.count_drop("backlog")
         search_started = time.perf_counter()
         partition.lookup_waiting_since = search_started
+        judged = judge_config(arm, req.variant) is not None
         with partition.lock:
             partition.lookup_waiting_since = 0.0
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
+            if not judged:
+                decision = self._decide_and_touch(partition, query, outcome, arm, req, now)
+        if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
             decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
-            if decision.hit:
-                partition.touch(decision.served.entry, now)
-            shown = decision.served or outcome.best
-            snapshot = entry_snapshot(shown, now)
+            with partition.lock:
+                if decision.hit and decision.served.entry.entry_id in partition.entries:
+                    partition.touch(decision.served.entry, now)
+        shown = decision.served or outcome.best
+        snapshot = entry_snapshot(shown, now)
         record = LookupRecord(
             req=req, query=query, unit_id=unit_id, namespace=namespace,
             decision="hit" if decision.hit else "miss", threshold=decision.threshold,
             similarity=shown.similarity if shown else None, index_kind=partition.spec.kind,
             search_ms=(time.perf_counter() - search_started) * 1000, guard=decision.guard, entry=snapshot,
             ts_ms=int(now * 1000), latency_ms=(time.perf_counter() - req.started) * 1000,
-            similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin)
+            similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
+            judge_version=decision.judge_version, judge_probability=decision.judge_probability,
+            judge_ms=decision.judge_ms)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -167,6 +175,12 @@ class SemanticCache:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
                                                            req.arm_name, served.entry_id, unit_id))
         return record.result(pending, served)
+
+    def _decide_and_touch(self, partition, query, outcome, arm, req, now):
+        decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+        if decision.hit:
+            partition.touch(decision.served.entry, now)
+        return decision
 
     def ann_check_stats(self) -> dict | None:
         """The batched checker's counts (checks run, batches, drops by reason), if any."""

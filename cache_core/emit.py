@@ -58,6 +58,9 @@ class LookupRecord:
     similarity_mode: str = "cosine"
     score: float | None = None
     score_margin: float | None = None
+    judge_version: str | None = None
+    judge_probability: float | None = None
+    judge_ms: float | None = None
 
     def result(self, pending: PendingEvent, served: CacheEntry | None = None) -> LookupResult:
         """What the caller gets back (``served``: the entry whose answer it is, on a hit)."""
@@ -72,7 +75,8 @@ class LookupRecord:
             if served else None, variant=req.variant, guard=self.guard,
             entry_age_s=self.entry["entry_age_s"], latency_ms=self.latency_ms,
             embed_ms=req.embed_ms, search_ms=self.search_ms, score=self.score,
-            score_margin=self.score_margin,
+            score_margin=self.score_margin, judge_version=self.judge_version,
+            judge_probability=self.judge_probability,
         )
 
 
@@ -130,7 +134,8 @@ class EventEmitter:
             variant=req.variant, guard=record.guard, decision=record.decision,
             hit=record.decision == "hit", threshold=record.threshold, similarity=record.similarity,
             similarity_mode=record.similarity_mode, score=record.score,
-            score_margin=record.score_margin,
+            score_margin=record.score_margin, judge_version=record.judge_version,
+            judge_probability=record.judge_probability, judge_ms=record.judge_ms,
             intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry,
             index_kind=record.index_kind, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,

@@ -80,7 +80,15 @@ class CacheEvent(BaseModel):
     ann_agree: bool | None = None
     ann_recall_at_k: float | None = None
     guard: str | None = None
-    """Name of the lexical guard that turned a would-be hit into a miss."""
+    """Name of the lexical guard that turned a would-be hit into a miss ("judge" when the arm's
+    judge found no candidate good enough, "judge_unavailable" when it could not be loaded)."""
+    judge_version: str | None = None
+    """The judge that decided (ArmConfig.judge.version); null on arms without one."""
+    judge_probability: float | None = None
+    """The judge's probability for its most probable candidate, served or not: another
+    operating point can be evaluated offline from it, as a threshold from ``similarity``."""
+    judge_ms: float | None = None
+    """Time the judge added to the lookup."""
     embed_ms: float = 0.0
     search_ms: float = 0.0
     latency_ms: float = 0.0

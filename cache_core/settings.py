@@ -87,6 +87,10 @@ class CacheSettings(_Documented):
     """Put the raw query text in events (off: events carry none; entries shared with other replicas
     always carry query and answer, so with replicate on they reach the entries topic). On, the
     dashboard shows each intent cluster's most frequent queries; the demo turns it on."""
+    judge_dir: Path = Path.home() / ".cache" / "scache" / "judges"
+    """Where replicas find judge artifacts (``judge-<version>.json``, written by
+    ``python -m cache_core.decision.judge_train``); an arm names its judge by version
+    (ArmConfig.judge), so a new version reaches every replica with the config, no restart."""
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
     """Write-ahead log and snapshots, one directory per instance."""
     persist: bool = True

@@ -91,6 +91,10 @@ class LookupResult:
     """Multi arms: the best-ranked candidate's mixed score (CacheEvent.score)."""
     score_margin: float | None = None
     """Multi arms: its lead over the best candidate with another answer (CacheEvent.score_margin)."""
+    judge_version: str | None = None
+    """The judge that decided (None: no judge on this arm)."""
+    judge_probability: float | None = None
+    """Its probability for the most probable candidate (CacheEvent.judge_probability)."""
 
     @property
     def event(self) -> CacheEvent:

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _encoders(settings):
     from cache_core.decision.judge_tokens import token_encoder
-    from cache_core.embedding import load_embedder
+    from cache_core.embedding.load import load_embedder
 
     embedder = load_embedder(settings)
     return embedder.encode, token_encoder(settings.model)

@@ -107,6 +107,10 @@ class LookupResponse(BaseModel):
     """Multi-similarity arms: the best-ranked candidate's mixed score (null on cosine arms)."""
     score_margin: float | None = None
     """Multi-similarity arms: its lead over the best candidate with another answer."""
+    judge_version: str | None = None
+    """Arms with a judge: the judge version that decided."""
+    judge_probability: float | None = None
+    """Its probability that the most probable candidate's answer fits (served if >= its cut)."""
 
 
 class StoreResponse(BaseModel):

@@ -24,6 +24,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from cache_core.decision.judge import shelf_judges
+from cache_core.decision.judge_model import JudgeShelf
+from cache_core.decision.judge_tokens import token_encoder
+from cache_core.decision.rule import HitRule
 from cache_core.store.ann_check import AnnChecker
 from cache_core.cache import SemanticCache
 from cache_core.embedding.batching import BatchingEncoder
@@ -220,6 +224,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         max_answer_chars=settings.cache.max_answer_chars,
         emit_query_text=settings.cache.emit_query_text, event_executor=event_executor,
         ann_checker=ann_checker, feedback_memory=settings.cache.feedback_memory,
+        hit_rule=HitRule(judges=shelf_judges(JudgeShelf(
+            settings.cache.judge_dir, tokens=lambda: token_encoder(settings.cache.model)))),
     )
     sweeper = ExpirySweeper(cache, expiry_sweep_s) if expiry_sweep_s else None
     entry_follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
