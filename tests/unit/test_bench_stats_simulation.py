@@ -1,0 +1,13 @@
+"""bench/stats_simulation.py runs end to end at a tiny size and writes its figures."""
+import json
+
+from bench import stats_simulation
+
+
+def test_tiny_run_writes_json_and_png(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert stats_simulation.main(["--sims", "2", "--canary-sims", "50", "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert len(figures["aa"]) == 6 and len(figures["canary"]) == 45
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert "SRM on users" in capsys.readouterr().out
