@@ -29,6 +29,17 @@ the best-ranked one's); below it candidates were never ranked at all. Thresholds
 logged one (``multi_min_threshold``) are therefore unsupported and never recommended.
 (The replays themselves are in ``whatif``; a multi arm's score floor and answer margin are
 tuned by ``tuning_multi``, canaries judged by ``canary``.)
+
+Known limits, not yet fixed (issue 26, items 2, 4 and 5): the bound is a one-pass
+Clopper-Pearson bound per candidate, so re-running on a rolling window (``autotune
+--every``) and choosing among ~13 candidates spends alpha again each time (a time-uniform
+bound split over the candidates would not: at 1 wrong of 156 labels it is 7.2% where this
+one is 3.0%, so it needs several times the labels); labels from windows that ran a higher
+threshold are pooled with those at the candidate, which flatters low candidates; labels are
+taken as a random sample of hits; and the estimated hit rate holds the cache's contents
+fixed (a cache stores an entry on each miss, so a lower threshold also changes what is
+stored). A change goes out as a canary by default, whose measured false-hit rate the exact
+test of ``canary`` judges.
 """
 from __future__ import annotations
 
