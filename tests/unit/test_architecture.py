@@ -1,7 +1,8 @@
 """The import graph, read from the source (ast, nothing imported): no import circle, and
 arrows point one way — the online path (cache_core/, udfs/) never imports infra/, jobs/ or
-dashboard/, and no module imports a dashboard page (pages use the control plane, never
-the reverse)."""
+dashboard/; the Flink job and the dashboard never import the launchers (infra/) or each
+other; nothing imports bench/; and no module imports a dashboard page (pages use the
+control plane, never the reverse)."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("cache_core", "udfs", "jobs", "dashboard", "infra", "bench")
 LOWER = ("cache_core", "udfs")
 UPPER = ("infra", "jobs", "dashboard")
+NEVER_IMPORTS = {"cache_core": {"infra", "jobs", "dashboard", "bench"}, "udfs": {"infra", "jobs", "dashboard", "bench"},
+                 "jobs": {"infra", "dashboard", "bench"}, "dashboard": {"infra", "jobs", "bench"},
+                 "infra": {"bench"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -119,6 +123,12 @@ def test_the_online_path_imports_no_launcher_job_or_dashboard():
     upward = sorted((module, target) for module, targets in _graph().items() if _top(module) in LOWER
                     for target in targets if _top(target) in UPPER)
     assert upward == []
+
+
+def test_layers_import_only_downward():
+    wrong = sorted((module, target) for module, targets in _graph().items()
+                   for target in targets if _top(target) in NEVER_IMPORTS.get(_top(module), ()))
+    assert wrong == []
 
 
 def test_no_module_imports_a_dashboard_page():
