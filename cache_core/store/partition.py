@@ -3,7 +3,7 @@ conversation scope (cache_core.store.faiss), the exact twin's stepped scans for 
 checks, and its capacity (entries and bytes) with LRU eviction.
 
 Which partition a request reads and writes (per arm, or shared by an experiment's arms)
-is the cache's business (cache_core.cache); admission tiers are cache_core.admission's.
+is cache_core.store.stores'; admission tiers are cache_core.admission's.
 """
 from __future__ import annotations
 
