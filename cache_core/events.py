@@ -53,6 +53,9 @@ class CacheEvent(BaseModel):
     variant: str = "base"
     """"canary" when the unit is in the arm's canary share (see ArmConfig.canary)."""
     decision: Decision = "none"
+    bypass_reason: str | None = None
+    """Why a "bypass" did not use the cache: the chat proxy's field policy ("tools", "n", "logprobs",
+    "audio", "web_search", "no_text"; docs/proxy.md); null for a holdout arm's bypass and the others."""
     hit: bool = False
     threshold: float | None = None
     similarity: float | None = None

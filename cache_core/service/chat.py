@@ -1,9 +1,10 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` in front of an upstream model.
 
 The cache key is the last user message, within a context scope: a fingerprint of the
-model, the system messages and any earlier turns, so a different system prompt or
-conversation history never shares answers ("and in euros?" after one exchange must not
-hit the same follow-up from another). Request headers (all optional):
+model, the other messages and the answer-shaping fields (``cache_core.service.chat_key``), so a
+different system prompt or conversation history never shares answers ("and in euros?" after one
+exchange must not hit the same follow-up from another); requests whose answer cannot come from a
+cache (tools, n > 1, logprobs ...) bypass it. Request headers (all optional):
 ``x-scache-unit-id`` (randomisation unit; default: the ``user`` field, else
 "anonymous"), ``x-scache-conversation-id`` (scope: only the same conversation's
 entries answer), ``x-scache-scope: user`` (scope by the ``user`` field instead),
@@ -25,7 +26,6 @@ and no ``[DONE]``. An upstream error status is answered as without streaming.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from cache_core.cache import SemanticCache
+from cache_core.service.chat_key import scope_fingerprint
 from cache_core.service.schemas import ChatCompletionRequest
 from cache_core.settings import ServiceSettings
 
@@ -54,37 +55,14 @@ class ChatError(Exception):
         self.reason = reason
 
 
-def cache_key(body: ChatCompletionRequest) -> str:
-    """The text of the last user message (text parts joined for multi-part content)."""
-    for message in reversed(body.messages):
-        if message.role != "user":
-            continue
-        content = message.content
-        if isinstance(content, list):
-            content = " ".join(part["text"] for part in content   # a null text is no text, not "None"
-                               if part.get("type") == "text" and isinstance(part.get("text"), str))
-        if isinstance(content, str) and content.strip():
-            return content
-        raise ChatError(422, "the last user message has no text content")
-    raise ChatError(422, "messages contain no user message to answer")
-
-
-def context_fingerprint(body: ChatCompletionRequest) -> str:
-    """Hash of everything but the last user message that shapes the answer."""
-    last_user = max(i for i, m in enumerate(body.messages) if m.role == "user")
-    context = [[m.role, m.content] for i, m in enumerate(body.messages)
-               if i != last_user and (m.role == "system" or i < last_user)]
-    payload = json.dumps([body.model, context], sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 # The limits of the same fields in /v1/lookup and /v1/store (cache_core.service.schemas).
 HEADER_LIMITS = {"x-scache-unit-id": 256, "x-scache-conversation-id": 256, "x-scache-namespace": 128,
                  "x-scache-experiment": 64}
 
 
-def request_identity(body: ChatCompletionRequest, headers) -> dict:
-    """unit_id, scope, namespace and experiment_id for the cache, from headers and ``user``."""
+def request_identity(body: ChatCompletionRequest, headers, scoped: bool = True) -> dict:
+    """unit_id, scope, namespace and experiment_id for the cache, from headers and ``user``
+    (``scoped``: the scope includes the request's fingerprint; a bypass needs none)."""
     for name, limit in HEADER_LIMITS.items():
         if len(headers.get(name, "")) > limit:
             raise ChatError(422, f"{name} is longer than {limit} characters")
@@ -94,7 +72,7 @@ def request_identity(body: ChatCompletionRequest, headers) -> dict:
         if not body.user:
             raise ChatError(422, "x-scache-scope: user needs the request's user field")
         scope = f"user:{body.user}"
-    scope = f"{scope or ''}|ctx:{context_fingerprint(body)}"
+    scope = f"{scope or ''}|ctx:{scope_fingerprint(body)}" if scoped else scope
     return {"unit_id": unit_id, "scope": scope,
             "namespace": headers.get("x-scache-namespace") or "default",
             "experiment_id": headers.get("x-scache-experiment") or None}

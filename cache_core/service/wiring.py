@@ -81,6 +81,9 @@ class Components:
     """Sends an admin config change to the control topic, confirmed."""
     upstream: httpx.Client
     """The chat proxy's client for the upstream model."""
+    emit: Callable[[CacheEvent], None] | None = None
+    """Counts and publishes a decision event (the cache's own sink), for decisions made outside the
+    cache: the chat proxy's bypasses."""
     persistence: Persistence | None = None
     expiry: ExpirySweeper | None = None
     entry_follower: Any = None
@@ -238,6 +241,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     upstream = httpx.Client()
     parts = Components(settings=settings, publisher=publisher, encoder=encoder, registry=registry, cache=cache,
                        metrics=None, control_publisher=control_publisher, upstream=upstream,  # type: ignore[arg-type]
+                       emit=sink,
                        persistence=persistence, expiry=sweeper, entry_follower=entry_follower,
                        _closers=closers)
     parts.metrics = ServiceMetrics(

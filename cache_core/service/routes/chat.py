@@ -11,10 +11,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from cache_core.cache import SemanticCache
 from cache_core.types import InvalidRequest
-from cache_core.service import chat
+from cache_core.events import CacheEvent
+from cache_core.experiments import assign
+from cache_core.service import chat, chat_key
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
+from cache_core.service.wiring import Components
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -28,21 +31,35 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                      cache: CacheDep, metrics: MetricsDep):
     service = components.settings.service
     try:
-        query = chat.cache_key(body)
-        identity = chat.request_identity(body, request.headers)
-        result = cache.lookup(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
-                              namespace=identity["namespace"], scope=identity["scope"])
-        cache_headers = {"x-scache-request-id": result.request_id, "x-scache-decision": result.decision,
-                         "x-scache-arm": result.arm, "x-scache-variant": result.variant}
-        if result.hit:
-            metrics.chat.labels("hit").inc()
-            headers = {**cache_headers, "x-scache-hit": "1"}
-            if body.stream:
-                return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
-                                                            service.upstream_model),
-                                         media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
-            return JSONResponse(chat.completion_from_cache(body, result.answer, result.request_id,
-                                                           service.upstream_model), headers=headers)
+        reason = chat_key.bypass_reason(body)
+        query = None
+        if reason is None:
+            try:
+                query = chat_key.cache_query(body)
+            except chat_key.NoQuery as exc:
+                if not chat_key.has_non_text_user_part(body):
+                    raise chat.ChatError(422, str(exc)) from None
+                reason = "no_text"  # e.g. an image alone: nothing to look up
+        identity = chat.request_identity(body, request.headers, scoped=reason is None)
+        if reason is not None:
+            event = bypass_event(components, body, identity, reason)
+            cache_headers = {"x-scache-request-id": event.request_id, "x-scache-decision": "bypass",
+                             "x-scache-bypass": reason, "x-scache-arm": event.arm, "x-scache-variant": event.variant}
+            metrics.chat.labels(f"bypass_{reason}").inc()
+        else:
+            result = cache.lookup(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
+                                  namespace=identity["namespace"], scope=identity["scope"])
+            cache_headers = {"x-scache-request-id": result.request_id, "x-scache-decision": result.decision,
+                             "x-scache-arm": result.arm, "x-scache-variant": result.variant}
+            if result.hit:
+                metrics.chat.labels("hit").inc()
+                headers = {**cache_headers, "x-scache-hit": "1"}
+                if body.stream:
+                    return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
+                                                                service.upstream_model),
+                                             media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+                return JSONResponse(chat.completion_from_cache(body, result.answer, result.request_id,
+                                                               service.upstream_model), headers=headers)
         started = time.perf_counter()
         response = chat.forward(components.upstream, service, body, request.headers, stream=body.stream)
         if body.stream:
@@ -54,7 +71,21 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
     return _relay(cache, metrics, query, identity, body, response, cache_headers)
 
 
-def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: dict,
+def bypass_event(components: Components, body: ChatCompletionRequest, identity: dict, reason: str) -> CacheEvent:
+    """Count and publish the decision not to use the cache (one event per request, as for a lookup),
+    attributed to the unit's arm like any other request of the experiment."""
+    experiment = components.registry.get(identity["experiment_id"])
+    assignment = assign(experiment, identity["unit_id"])
+    event = CacheEvent(instance_id=components.cache.instance_id, namespace=identity["namespace"],
+                       experiment_id=experiment.experiment_id, arm=assignment.arm, unit_id=identity["unit_id"],
+                       assignment_prob=assignment.probability, partition_mode=experiment.partition_mode,
+                       config_version=experiment.version, variant=assignment.variant, decision="bypass",
+                       bypass_reason=reason, index_kind="none")
+    components.emit(event)
+    return event
+
+
+def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
            body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict):
     """Return the upstream answer; cache it when it is a complete, successful one."""
     headers = {**cache_headers, "x-scache-hit": "0"}
@@ -81,9 +112,11 @@ def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: 
     return JSONResponse(completion, headers={**headers, "x-scache-store": stored})
 
 
-def _store_reply(cache: SemanticCache, query: str, identity: dict, answer: str | None, model: str) -> str:
+def _store_reply(cache: SemanticCache, query: str | None, identity: dict, answer: str | None, model: str) -> str:
     """Offer a complete upstream answer to the cache; returns the outcome (a store reason,
-    "not_cacheable" or "invalid")."""
+    "not_cacheable", "invalid", or "bypass" when the request bypassed the cache: ``query`` None)."""
+    if query is None:
+        return "bypass"
     if answer is None:
         return "not_cacheable"
     try:
@@ -93,7 +126,7 @@ def _store_reply(cache: SemanticCache, query: str, identity: dict, answer: str |
         return "invalid"
 
 
-def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: dict,
+def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
                   body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float):
     """Relay a streamed upstream answer; cache it once the stream finished with "stop".
 
