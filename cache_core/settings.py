@@ -159,6 +159,9 @@ class ServiceSettings(_Documented):
     upstream_model: str = "upstream"
     """Model name sent upstream when the request names none."""
     upstream_timeout_s: float = Field(60.0, gt=0)
+    max_request_mib: float = Field(16.0, gt=0)
+    """Largest request body taken (MiB): a bigger one is refused with 413 before it is read, on every
+    route (a store batch that would pass it is sent in parts)."""
     publish_queue_size: int = Field(20_000, ge=100)
     """Events waiting in memory for Kafka; once half full they are spilled to the spool (a stalled or
     slow broker), so it bounds memory, not loss."""

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from cache_core.service.access_log import AccessLog
 from cache_core.service.errors import add_error_handlers
 from cache_core.service.routes import ROUTERS
+from cache_core.service.transport import TransportMiddleware
 from cache_core.service.wiring import Components
 
 
@@ -32,7 +33,9 @@ def create_app(components: Components) -> FastAPI:
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)
     app.state.components = components
     add_error_handlers(app)
-    app.add_middleware(AccessLog)
+    app.add_middleware(TransportMiddleware,
+                       max_body_bytes=int(components.settings.service.max_request_mib * 1024 * 1024))
+    app.add_middleware(AccessLog)  # outermost: a 413 from the size limit gets its request id and log line too
     for router in ROUTERS:
         app.include_router(router)
     return app

@@ -49,10 +49,12 @@ FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project")
 class ChatError(Exception):
     """A chat request we cannot serve: ``status`` and a reason for the caller."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, param: str | None = None):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.param = param
+        """The request field at fault (OpenAI's ``param``), if one is."""
 
 
 # The limits of the same fields in /v1/lookup and /v1/store (cache_core.service.schemas).
@@ -65,12 +67,12 @@ def request_identity(body: ChatCompletionRequest, headers, scoped: bool = True) 
     (``scoped``: the scope includes the request's fingerprint; a bypass needs none)."""
     for name, limit in HEADER_LIMITS.items():
         if len(headers.get(name, "")) > limit:
-            raise ChatError(422, f"{name} is longer than {limit} characters")
+            raise ChatError(422, f"{name} is longer than {limit} characters", param=name)
     unit_id = headers.get("x-scache-unit-id") or body.user or "anonymous"
     scope = headers.get("x-scache-conversation-id")
     if scope is None and headers.get("x-scache-scope", "").lower() == "user":
         if not body.user:
-            raise ChatError(422, "x-scache-scope: user needs the request's user field")
+            raise ChatError(422, "x-scache-scope: user needs the request's user field", param="user")
         scope = f"user:{body.user}"
     scope = f"{scope or ''}|ctx:{scope_fingerprint(body)}" if scoped else scope
     return {"unit_id": unit_id, "scope": scope,
@@ -90,8 +92,13 @@ def completion_from_cache(body: ChatCompletionRequest, answer: str, request_id: 
 
 
 def upstream_endpoint(url: str) -> str:
+    return f"{upstream_base(url)}/chat/completions"
+
+
+def upstream_base(url: str) -> str:
+    """The upstream's API base (``.../v1``), whether the setting names it or its chat endpoint."""
     url = url.rstrip("/")
-    return url if url.endswith("/chat/completions") else f"{url}/chat/completions"
+    return url.removesuffix("/chat/completions")
 
 
 def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletionRequest,

@@ -396,6 +396,10 @@ def send(client, method, path, headers, body):
 
 def assert_refused(response, case) -> None:
     assert 400 <= response.status_code < 500, f"{case}: {response.status_code} {response.text[:300]}"
+    error = response.json().get("error")
+    if error is not None:  # the OpenAI-compatible routes answer in OpenAI's shape
+        assert error["message"].strip() and error["type"] and "param" in error and "code" in error, (case, error)
+        return
     detail = response.json().get("detail")
     if isinstance(detail, list):  # validation errors: each says where and what
         assert detail and all(isinstance(e, dict) and e.get("msg") and "loc" in e for e in detail), (case, detail)

@@ -198,12 +198,12 @@ def test_upstream_errors_pass_through_and_are_not_cached(minilm_embedder, tmp_pa
         dead = make_client(minilm_embedder, tmp_path / "dead", f"http://127.0.0.1:{free_port()}")
         with dead:
             response = chat(dead, "anything at all")
-            assert response.status_code == 502 and "unreachable" in response.json()["detail"]
+            assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("payload, status, reason", [
-    ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, 422, "no user message"),
-    ({"model": "m", "messages": []}, 422, "messages"),
+    ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, 400, "no user message"),
+    ({"model": "m", "messages": []}, 400, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 503, "upstream"),
     ({"model": "m", "messages": [{"role": "user", "content": "an unseen question"}]}, 503, "upstream"),
 ])

@@ -128,7 +128,7 @@ def test_upstream_error_status_is_answered_as_without_streaming(client, upstream
         assert response.json() == {"error": {"message": "rate limited"}}
     with make_client(minilm_embedder, tmp_path / "dead", f"http://127.0.0.1:{free_port()}") as dead:
         response = stream(dead, "anything at all")
-        assert response.status_code == 502 and "unreachable" in response.json()["detail"]
+        assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
 
 
 def test_upstream_that_ignores_stream_still_gives_the_client_a_stream(client, upstream):

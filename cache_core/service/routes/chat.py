@@ -15,6 +15,7 @@ from cache_core.events import CacheEvent
 from cache_core.experiments import assign
 from cache_core.service import chat, chat_key
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
+from cache_core.service.errors import openai_error
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
 from cache_core.service.wiring import Components
@@ -38,7 +39,7 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                 query = chat_key.cache_query(body)
             except chat_key.NoQuery as exc:
                 if not chat_key.has_non_text_user_part(body):
-                    raise chat.ChatError(422, str(exc)) from None
+                    raise chat.ChatError(422, str(exc), param="messages") from None
                 reason = "no_text"  # e.g. an image alone: nothing to look up
         identity = chat.request_identity(body, request.headers, scoped=reason is None)
         if reason is not None:
@@ -67,8 +68,18 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
         metrics.upstream_latency.observe(time.perf_counter() - started)
     except chat.ChatError as exc:
         metrics.chat.labels(f"error_{exc.status}").inc()
-        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
+        return chat_error(exc)
     return _relay(cache, metrics, query, identity, body, response, cache_headers)
+
+
+def chat_error(exc: chat.ChatError) -> JSONResponse:
+    """A request the proxy cannot serve, in OpenAI's shape: 422 (a request we cannot read) as 400;
+    503 (no upstream configured) is not worth a retry; 502/504 (upstream unreachable, timed out) are."""
+    if exc.status == 422:
+        return openai_error(400, exc.reason, param=exc.param)
+    if exc.status == 503:
+        return openai_error(503, exc.reason, code="no_upstream", retry=False)
+    return openai_error(exc.status, exc.reason, code="upstream_unavailable")
 
 
 def bypass_event(components: Components, body: ChatCompletionRequest, identity: dict, reason: str) -> CacheEvent:
@@ -93,16 +104,15 @@ def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, ide
         completion = response.json()
     except ValueError:
         metrics.chat.labels("upstream_invalid").inc()
-        return JSONResponse(status_code=502, headers=headers,
-                            content={"detail": f"upstream answered {response.status_code} "
-                                               "with a body that is not JSON"})
+        return openai_error(502, f"upstream answered {response.status_code} with a body that is not JSON",
+                            code="upstream_invalid", headers=headers)
     if response.status_code != 200:
         metrics.chat.labels("upstream_error").inc()
         return JSONResponse(status_code=response.status_code, content=completion, headers=headers)
     if not isinstance(completion, dict):
         metrics.chat.labels("upstream_invalid").inc()
-        return JSONResponse(status_code=502, headers=headers,
-                            content={"detail": "upstream answered 200 with JSON that is not an object"})
+        return openai_error(502, "upstream answered 200 with JSON that is not an object",
+                            code="upstream_invalid", headers=headers)
     stored = _store_reply(cache, query, identity, chat.answer_of(completion),
                           str(completion.get("model") or body.model or ""))
     metrics.chat.labels("forwarded").inc()
@@ -139,8 +149,8 @@ def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | No
             response.read()
         except httpx.HTTPError as exc:
             metrics.chat.labels("upstream_invalid").inc()
-            return JSONResponse(status_code=502, headers={**cache_headers, "x-scache-hit": "0"},
-                                content={"detail": f"upstream answer broke off: {type(exc).__name__}"})
+            return openai_error(502, f"upstream answer broke off: {type(exc).__name__}", code="upstream_invalid",
+                                headers={**cache_headers, "x-scache-hit": "0"})
         finally:
             response.close()
         metrics.upstream_latency.observe(time.perf_counter() - started)
