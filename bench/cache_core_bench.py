@@ -88,7 +88,7 @@ def fill_cache(app, texts: list[str], vectors: np.ndarray, categories: list[str]
 
 
 def time_http_lookups(embedder, texts, vectors, categories, questions: list[str]) -> dict:
-    app = create_app(build_components(Settings(), NullPublisher(), embedder))
+    app = create_app(build_components(Settings(service={"open_access": True}), NullPublisher(), embedder))
     fill_cache(app, texts, vectors, categories)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -202,7 +202,7 @@ def main() -> None:
     time_bare_encode(embedder, queries[:20])
     bare = summary(time_bare_encode(embedder, queries))
     texts, answers, vectors = corpus_vectors(embedder, args.entries)
-    settings = Settings()
+    settings = Settings(service={"open_access": True})
     app = create_app(build_components(settings, NullPublisher(), BatchingEncoder(embedder),
                                       registry=registry_for(args.index, args.entries, args.ann_check_rate)))
     set_search_threads(2)  # build in parallel, search with one thread

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
                         help="store into the arm of --unit-id only, not into every arm")
     parser.add_argument("--batch", type=int, default=256, help=f"records per request (1-{MAX_STORE_BATCH})")
     parser.add_argument("--skip", type=int, default=0, help="records already stored by an earlier run")
+    parser.add_argument("--api-key", default=os.environ.get("SCACHE_API_KEY"),
+                        help="a client key with the write right (default: $SCACHE_API_KEY; none: open access)")
     args = parser.parse_args(argv)
     if not 1 <= args.batch <= MAX_STORE_BATCH or args.skip < 0:
         parser.error(f"--batch must be 1-{MAX_STORE_BATCH} and --skip >= 0")
@@ -167,7 +170,8 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
     own = client is None
     try:
         client = client or httpx.Client(base_url=args.url or f"http://127.0.0.1:{settings_or_exit('seed').service.port}",
-                                        timeout=120)
+                                        timeout=120,
+                                        headers={"x-scache-api-key": args.api_key} if args.api_key else None)
     except httpx.InvalidURL as exc:
         parser.error(f"--url {args.url!r}: {exc}")
     try:

@@ -149,11 +149,41 @@ def cluster_refresh_s(kafka: KafkaSettings, configured: float | None = None) -> 
     return interval
 
 
+Right = Literal["read", "write", "feedback", "admin"]
+
+
+class ClientKey(BaseModel):
+    """One client API key, stored as the sha256 of the key (``python -m cache_core.service.auth KEY``
+    prints it), bound to a tenant, its namespaces and its rights."""
+
+    model_config = ConfigDict(extra="forbid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tenant: str = Field(min_length=1, max_length=128)
+    namespaces: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    """The namespaces the key may use; one ending in "*" is a prefix ("acme/*"). A request naming none
+    uses the first (unless it is a prefix: then "default")."""
+    rights: list[Right] = Field(default_factory=lambda: ["read"], min_length=1)
+    """read: lookups and cached chat answers; write: stores (and storing a chat miss' answer);
+    feedback: verdicts (write allows them too); admin: the admin API."""
+
+
 class ServiceSettings(_Documented):
     host: str = "127.0.0.1"
     port: int = 8000
     admin_token: SecretStr | None = None
     """Required by the admin endpoints (and outside SCACHE_ENVIRONMENT=local)."""
+    open_access: bool = False
+    """Anyone who reaches the port may look up, store, chat and post feedback in any namespace, without a key:
+    for local use only (the demo sets it; refused outside SCACHE_ENVIRONMENT=local), with a warning at start.
+    Off: those routes need a client API key (x-scache-api-key, or Authorization: Bearer)."""
+    api_keys: list[ClientKey] = []
+    """Client API keys, as JSON: [{"sha256": "<sha256 hex of the key>", "tenant": "acme", "namespaces":
+    ["acme"], "rights": ["read", "write", "feedback"]}] (several per tenant)."""
+    api_keys_file: Path | None = None
+    """A YAML or JSON file with more client keys, in the same form as SCACHE_SERVICE__API_KEYS."""
+    upstream_api_key: SecretStr | None = None
+    """Sent upstream as the bearer token of a forwarded chat request; unset: the caller's Authorization
+    header goes along, unless it carried the caller's scache key."""
     upstream_url: str | None = None
     """OpenAI-compatible model URL that /v1/chat/completions forwards misses to."""
     upstream_model: str = "upstream"
@@ -254,6 +284,12 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _open_access_only_local(self) -> "Settings":
+        if self.service.open_access and self.environment != "local":
+            raise ValueError(f"SCACHE_SERVICE__OPEN_ACCESS=true is for local use, not SCACHE_ENVIRONMENT={self.environment}")
+        return self
+
+    @model_validator(mode="after")
     def _cluster_refresh_within_retention(self) -> "Settings":
         cluster_refresh_s(self.kafka, self.cache.cluster_refresh_s)
         return self
@@ -316,7 +352,8 @@ def _shown(value: object) -> str:
 
 def _type_name(annotation: object) -> str:
     return getattr(annotation, "__name__", None) if isinstance(annotation, type) else \
-        str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "")
+        str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "") \
+        .replace("cache_core.settings.", "").replace("__main__.", "")
 
 
 def reference(settings: Settings) -> list[SettingRow]:

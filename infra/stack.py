@@ -133,6 +133,8 @@ class Stack:
         self.env.update({
             "SCACHE_SERVICE__PORT": str(port),
             "SCACHE_CACHE__SNAPSHOT_DIR": str(self.state_dir / "snapshots"),
+            # Local, on loopback: no client keys (the service warns at start); set it false to try keys.
+            "SCACHE_SERVICE__OPEN_ACCESS": os.environ.get("SCACHE_SERVICE__OPEN_ACCESS", "true"),
         })
         # Ready, not just alive: traffic waits until the control and entries topics are replayed.
         return self._start_http("cache-service", [sys.executable, "-m", "cache_core.service"],

@@ -101,8 +101,19 @@ def upstream_base(url: str) -> str:
     return url.removesuffix("/chat/completions")
 
 
+def upstream_headers(service: ServiceSettings, headers, key_in_authorization: bool = False) -> dict:
+    """What goes upstream of the caller's headers: the configured upstream key as the bearer if there
+    is one, else the caller's Authorization (unless it carried the caller's scache key)."""
+    passed = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+    if service.upstream_api_key is not None:
+        passed["authorization"] = f"Bearer {service.upstream_api_key.get_secret_value()}"
+    elif key_in_authorization:
+        passed.pop("authorization", None)
+    return passed
+
+
 def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletionRequest,
-            headers, stream: bool = False) -> httpx.Response:
+            headers, stream: bool = False, key_in_authorization: bool = False) -> httpx.Response:
     """POST the request upstream; ChatError 503/502/504 when it cannot be reached.
 
     ``stream``: return once the status and headers are in, body unread (the caller
@@ -112,7 +123,7 @@ def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletion
                              "(set SCACHE_SERVICE__UPSTREAM_URL)")
     payload = body.model_dump(mode="json", exclude_none=True)
     payload.setdefault("model", service.upstream_model)
-    passed = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+    passed = upstream_headers(service, headers, key_in_authorization)
     try:
         request = client.build_request("POST", upstream_endpoint(service.upstream_url), json=payload,
                                        headers=passed, timeout=service.upstream_timeout_s)

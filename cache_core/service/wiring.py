@@ -38,6 +38,7 @@ from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.lifetime import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
+from cache_core.service.keys import KeyRing
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.settings import Settings
 
@@ -81,6 +82,8 @@ class Components:
     """Sends an admin config change to the control topic, confirmed."""
     upstream: httpx.Client
     """The chat proxy's client for the upstream model."""
+    keys: KeyRing | None = None
+    """The client API keys (``cache_core.service.auth``)."""
     emit: Callable[[CacheEvent], None] | None = None
     """Counts and publishes a decision event (the cache's own sink), for decisions made outside the
     cache: the chat proxy's bypasses."""
@@ -241,7 +244,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     upstream = httpx.Client()
     parts = Components(settings=settings, publisher=publisher, encoder=encoder, registry=registry, cache=cache,
                        metrics=None, control_publisher=control_publisher, upstream=upstream,  # type: ignore[arg-type]
-                       emit=sink,
+                       emit=sink, keys=KeyRing.from_settings(settings.service),
                        persistence=persistence, expiry=sweeper, entry_follower=entry_follower,
                        _closers=closers)
     parts.metrics = ServiceMetrics(

@@ -351,7 +351,8 @@ ACCEPTED = [
 
 def make_app(minilm_embedder, snapshot_dir, upstream_port: int):
     settings = Settings(cache={"max_query_chars": MAX_QUERY, "max_answer_chars": MAX_ANSWER},
-                        service={"admin_token": TOKEN, "upstream_url": f"http://127.0.0.1:{upstream_port}/v1"})
+                        service={"admin_token": TOKEN, "upstream_url": f"http://127.0.0.1:{upstream_port}/v1",
+                                 "open_access": True})
     return create_app(build_components(settings, RecordingPublisher(), minilm_embedder,
                                        control_publisher=ControlRecorder(),
                                        persistence=Persistence(snapshot_dir)))

@@ -20,7 +20,7 @@ def upstream():
 
 
 def client_for(embedder, upstream_url: str | None, **service) -> TestClient:
-    settings = Settings(service={"upstream_url": upstream_url, **service})
+    settings = Settings(service={"upstream_url": upstream_url, "open_access": True, **service})
     return TestClient(create_app(build_components(settings, RecordingPublisher(), embedder, expiry_sweep_s=None)),
                       raise_server_exceptions=False)
 

@@ -27,7 +27,7 @@ def upstream():
 
 @pytest.fixture()
 def api(minilm_embedder, upstream):
-    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
+    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1", "open_access": True})
     publisher = RecordingPublisher()
     with TestClient(create_app(build_components(settings, publisher, minilm_embedder,
                                                 expiry_sweep_s=None))) as client:

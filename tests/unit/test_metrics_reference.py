@@ -17,7 +17,7 @@ from tests.unit.cache_core.helpers import RecordingPublisher
 
 def _exported(minilm_embedder, tmp_path) -> dict[str, str]:
     """Family name -> type, from a replica with persistence and replication, after some traffic."""
-    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder,
+    app = create_app(build_components(Settings(service={"open_access": True}), RecordingPublisher(), minilm_embedder,
                                       persistence=Persistence(tmp_path / "snap"),
                                       replicate=True, instance_id="docs"))
     components = app.state.components

@@ -71,7 +71,7 @@ def test_recorded_pace_or_a_given_rate(tmp_path):
 @pytest.fixture()
 def api(minilm_embedder):
     publisher = RecordingPublisher()
-    with TestClient(create_app(build_components(Settings(), publisher, minilm_embedder)), raise_server_exceptions=False) as client:
+    with TestClient(create_app(build_components(Settings(service={"open_access": True}), publisher, minilm_embedder)), raise_server_exceptions=False) as client:
         client.publisher = publisher
         yield client
 

@@ -13,7 +13,7 @@ from tests.unit.cache_core.helpers import RecordingPublisher
 
 @pytest.fixture()
 def api(minilm_embedder):
-    settings = Settings(cache={"max_query_chars": 200})
+    settings = Settings(cache={"max_query_chars": 200}, service={"open_access": True})
     publisher = RecordingPublisher()
     app = create_app(build_components(settings, publisher, minilm_embedder))
     with TestClient(app, raise_server_exceptions=False) as client:

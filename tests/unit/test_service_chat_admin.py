@@ -123,7 +123,7 @@ class ControlRecorder:
 
 
 def make_client(minilm_embedder, tmp_path, upstream_url=None, admin_token=TOKEN):
-    settings = Settings(service={"upstream_url": upstream_url, "admin_token": admin_token})
+    settings = Settings(service={"upstream_url": upstream_url, "admin_token": admin_token, "open_access": True})
     control = ControlRecorder()
     registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
     app = create_app(build_components(settings, RecordingPublisher(), minilm_embedder, control_publisher=control,

@@ -140,7 +140,7 @@ def test_upstream_that_ignores_stream_still_gives_the_client_a_stream(client, up
 
 
 def test_miss_chunks_reach_the_client_before_the_upstream_has_finished(minilm_embedder, upstream):
-    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
+    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1", "open_access": True})
     registry = ExperimentRegistry({"chat-exp": ExperimentConfig.model_validate(new_config(1, 0.8))})
     app = create_app(build_components(settings, RecordingPublisher(), minilm_embedder, registry=registry,
                                       control_publisher=lambda message: None))

@@ -42,7 +42,7 @@ class _ClosingPublisher(RecordingPublisher):
 def test_the_app_starts_and_stops_its_components_once_and_in_order(minilm_embedder):
     log: list[str] = []
     publisher = _ClosingPublisher(log)
-    components = build_components(Settings(), publisher, minilm_embedder, expiry_sweep_s=None, close_publisher=True)
+    components = build_components(Settings(service={"open_access": True}), publisher, minilm_embedder, expiry_sweep_s=None, close_publisher=True)
     for name in ("feedback", "entries", "control"):  # inserted out of order: started control first
         components.followers[name] = _Follower(name, log)
     components.start()  # as serve() does before uvicorn; the lifespan's start is then a no-op
@@ -61,7 +61,7 @@ class _DownPublisher(RecordingPublisher):
 
 
 def test_a_route_dependency_can_be_overridden(minilm_embedder):
-    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder, expiry_sweep_s=None))
+    app = create_app(build_components(Settings(service={"open_access": True}), RecordingPublisher(), minilm_embedder, expiry_sweep_s=None))
     app.dependency_overrides[get_publisher] = _DownPublisher
     with TestClient(app) as client:
         answer = client.post("/v1/feedback", json={"request_id": "r1", "verdict": "wrong"})

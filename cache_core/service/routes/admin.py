@@ -15,6 +15,7 @@ from cache_core.publish.control_topic import ControlLost, ControlUnconfirmed
 from cache_core.events import ControlMessage
 from cache_core.experiments import parse_experiment_json
 from cache_core.registry import UnknownExperiment
+from cache_core.service.auth import presented_key
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep, RegistryDep, SettingsDep
 from cache_core.service.errors import Refused, errors_detail
 from cache_core.service.schemas import PurgeRequest
@@ -26,8 +27,13 @@ log = logging.getLogger(__name__)
 AdminNamespace = Annotated[str, Path(min_length=1, max_length=128)]
 
 
-def require_admin(settings: SettingsDep, request: Request) -> None:
-    """Raises ``Refused`` (401/403) unless the request carries the admin token."""
+def require_admin(settings: SettingsDep, components: ComponentsDep, request: Request) -> None:
+    """Raises ``Refused`` (401/403) unless the request carries the admin token (or a client key with
+    the admin right)."""
+    key, _ = presented_key(request)
+    client = components.keys.find(key) if key else None
+    if client is not None and "admin" in client.rights:
+        return
     token = settings.service.admin_token
     if token is None:
         raise Refused(JSONResponse(status_code=403, content={

@@ -14,6 +14,7 @@ from cache_core.types import InvalidRequest
 from cache_core.events import CacheEvent
 from cache_core.experiments import assign
 from cache_core.service import chat, chat_key
+from cache_core.service.auth import CallerDep
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.errors import openai_error
 from cache_core.service.metrics import ServiceMetrics
@@ -29,7 +30,9 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 @router.post("/v1/chat/completions")
 def chat_completions(body: ChatCompletionRequest, request: Request, components: ComponentsDep,
-                     cache: CacheDep, metrics: MetricsDep):
+                     cache: CacheDep, metrics: MetricsDep, caller: CallerDep):
+    """A cached answer needs the read right on the namespace (x-scache-namespace, else the key's);
+    a forwarded answer is stored only for a caller with the write right there."""
     service = components.settings.service
     try:
         reason = chat_key.bypass_reason(body)
@@ -42,6 +45,10 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                     raise chat.ChatError(422, str(exc), param="messages") from None
                 reason = "no_text"  # e.g. an image alone: nothing to look up
         identity = chat.request_identity(body, request.headers, scoped=reason is None)
+        identity["namespace"] = caller.namespace(request.headers.get("x-scache-namespace"))
+        caller.require("read", identity["namespace"])
+        if query is not None and not caller.may("write", identity["namespace"]):
+            identity["read_only"] = True
         if reason is not None:
             event = bypass_event(components, body, identity, reason)
             cache_headers = {"x-scache-request-id": event.request_id, "x-scache-decision": "bypass",
@@ -62,7 +69,8 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                 return JSONResponse(chat.completion_from_cache(body, result.answer, result.request_id,
                                                                service.upstream_model), headers=headers)
         started = time.perf_counter()
-        response = chat.forward(components.upstream, service, body, request.headers, stream=body.stream)
+        response = chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
+                                key_in_authorization=caller.consumed_authorization)
         if body.stream:
             return _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started)
         metrics.upstream_latency.observe(time.perf_counter() - started)
@@ -127,6 +135,8 @@ def _store_reply(cache: SemanticCache, query: str | None, identity: dict, answer
     "not_cacheable", "invalid", or "bypass" when the request bypassed the cache: ``query`` None)."""
     if query is None:
         return "bypass"
+    if identity.get("read_only"):
+        return "not_allowed"  # the caller may read this namespace, not write it
     if answer is None:
         return "not_cacheable"
     try:

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from cache_core.events import FeedbackEvent
+from cache_core.service.auth import CallerDep
 from cache_core.service.deps import CacheDep, MetricsDep, PublisherDep
 from cache_core.service.schemas import FeedbackRequest
 
@@ -16,7 +17,10 @@ router = APIRouter()
 
 
 @router.post("/v1/feedback", status_code=202)
-def feedback(body: FeedbackRequest, cache: CacheDep, metrics: MetricsDep, publisher: PublisherDep):
+def feedback(body: FeedbackRequest, cache: CacheDep, metrics: MetricsDep, publisher: PublisherDep,
+             caller: CallerDep):
+    """Needs the feedback (or write) right."""
+    caller.require_right("feedback")
     event = FeedbackEvent(request_id=body.request_id, verdict=body.verdict, source=body.source)
     try:
         publisher.publish_feedback(event)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from cache_core.service.auth import CallerDep
 from cache_core.service.deps import CacheDep
 from cache_core.service.schemas import LookupRequest, LookupResponse
 
@@ -10,10 +11,13 @@ router = APIRouter()
 
 
 @router.post("/v1/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, cache: CacheDep, response: Response) -> LookupResponse:
-    """Async: it awaits the shared micro-batching encoder's future (concurrent requests still get
-    batched) without a thread-pool hop."""
+async def lookup(body: LookupRequest, cache: CacheDep, caller: CallerDep, response: Response) -> LookupResponse:
+    """Needs the read right on the namespace (a request naming none uses the key's). Async: it awaits
+    the shared micro-batching encoder's future (concurrent requests still get batched) without a
+    thread-pool hop."""
+    namespace = caller.namespace(body.namespace if "namespace" in body.model_fields_set else None)
+    caller.require("read", namespace)
     result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
-                                      namespace=body.namespace, scope=body.scope)
+                                      namespace=namespace, scope=body.scope)
     response.headers["x-scache-request-id"] = result.request_id  # the access log's decision_id
     return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from cache_core.service import chat
+from cache_core.service.auth import CallerDep
 from cache_core.service.deps import ComponentsDep
 
 log = logging.getLogger(__name__)
@@ -15,10 +16,11 @@ router = APIRouter()
 
 
 @router.get("/v1/models")
-def list_models(request: Request, components: ComponentsDep):
+def list_models(request: Request, components: ComponentsDep, caller: CallerDep):
+    """Any valid key (or open access)."""
     service = components.settings.service
     if service.upstream_url:
-        passed = {name: request.headers[name] for name in chat.FORWARDED_HEADERS if name in request.headers}
+        passed = chat.upstream_headers(service, request.headers, caller.consumed_authorization)
         try:
             response = components.upstream.get(chat.upstream_base(service.upstream_url) + "/models",
                                                headers=passed, timeout=service.upstream_timeout_s)

@@ -99,7 +99,7 @@ def test_the_thread_sweeps_on_its_interval_and_stops():
 
 def test_the_service_sweeps_in_the_background_and_reports_it(minilm_embedder):
     clock = ManualClock()
-    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder, clock=clock,
+    app = create_app(build_components(Settings(service={"open_access": True}), RecordingPublisher(), minilm_embedder, clock=clock,
                                       expiry_sweep_s=0.02))
     with TestClient(app) as client:
         stored = client.post("/v1/store", json={"query": "How do I close my account?", "answer": "Settings.",

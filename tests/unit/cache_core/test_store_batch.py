@@ -70,7 +70,7 @@ def test_a_bad_item_stores_nothing_and_names_its_index():
 
 @pytest.fixture()
 def api(minilm_embedder):
-    app = create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder))
+    app = create_app(build_components(Settings(service={"open_access": True}), RecordingPublisher(), minilm_embedder))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

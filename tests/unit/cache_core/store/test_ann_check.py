@@ -277,7 +277,7 @@ def test_the_app_batches_checks_exposes_them_in_metrics_and_drains_at_shutdown()
     vecs = clustered(50, seed=2)
     table = {f"t{i}": v for i, v in enumerate(vecs)}
     exp = experiment(ArmConfig(name="a", threshold=0.99, ann_check_rate=1.0))
-    settings = Settings(cache={"ann_check_batch_size": 16, "ann_check_batch_wait_ms": 5000})
+    settings = Settings(cache={"ann_check_batch_size": 16, "ann_check_batch_wait_ms": 5000}, service={"open_access": True})
     publisher = RecordingPublisher()
     app = create_app(build_components(settings, publisher, TableEmbedder(table),
                                       registry=ExperimentRegistry({exp.experiment_id: exp})))
