@@ -189,6 +189,8 @@ class ServiceSettings(_Documented):
     upstream_model: str = "upstream"
     """Model name sent upstream when the request names none."""
     upstream_timeout_s: float = Field(60.0, gt=0)
+    upstream_max_connections: int = Field(2000, ge=1)
+    """Connections to the upstream model at once: each open stream holds one."""
     max_request_mib: float = Field(16.0, gt=0)
     """Largest request body taken (MiB): a bigger one is refused with 413 before it is read, on every
     route (a store batch that would pass it is sent in parts)."""

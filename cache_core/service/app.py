@@ -28,6 +28,7 @@ def create_app(components: Components) -> FastAPI:
         try:
             yield
         finally:
+            await components.upstream.aclose()
             components.stop()
 
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)

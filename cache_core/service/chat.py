@@ -26,12 +26,13 @@ and no ``[DONE]``. An upstream error status is answered as without streaming.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -112,8 +113,8 @@ def upstream_headers(service: ServiceSettings, headers, key_in_authorization: bo
     return passed
 
 
-def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletionRequest,
-            headers, stream: bool = False, key_in_authorization: bool = False) -> httpx.Response:
+async def forward(client: httpx.AsyncClient, service: ServiceSettings, body: ChatCompletionRequest,
+                  headers, stream: bool = False, key_in_authorization: bool = False) -> httpx.Response:
     """POST the request upstream; ChatError 503/502/504 when it cannot be reached.
 
     ``stream``: return once the status and headers are in, body unread (the caller
@@ -127,7 +128,7 @@ def forward(client: httpx.Client, service: ServiceSettings, body: ChatCompletion
     try:
         request = client.build_request("POST", upstream_endpoint(service.upstream_url), json=payload,
                                        headers=passed, timeout=service.upstream_timeout_s)
-        return client.send(request, stream=stream)
+        return await client.send(request, stream=stream)
     except httpx.TimeoutException as exc:
         raise ChatError(504, f"upstream model timed out after {service.upstream_timeout_s} s") from exc
     except httpx.HTTPError as exc:
@@ -291,16 +292,18 @@ class StreamedReply:
         return text if text.strip() else None
 
 
-def relay_stream(response: httpx.Response, finished: Callable[[StreamedReply], None]) -> Iterator[bytes]:
+async def relay_stream(response: httpx.Response,
+                       finished: Callable[[StreamedReply], Awaitable[None]]) -> AsyncIterator[bytes]:
     """Relay an upstream SSE response event by event (nothing buffered) and end it with
     [DONE], or with an ``error`` event if it broke off. ``finished(reply)`` runs once,
     before [DONE] goes out (so a cacheable reply is stored before the client hears the
-    end), and also when the stream fails or the client goes away. Closes ``response``."""
+    end), and also when the stream fails or the client goes away. Closes ``response``: a
+    client that goes away (the server cancels this generator) closes the upstream request."""
     reply = StreamedReply()
     reported = False
     try:
         try:
-            for data in sse_data(response.iter_lines()):
+            async for data in _sse_data_async(response.aiter_lines()):
                 if data.strip() == DONE:
                     reply.done = True
                     break
@@ -311,15 +314,39 @@ def relay_stream(response: httpx.Response, finished: Callable[[StreamedReply], N
         if not reply.complete:
             reply.error = reply.error or "upstream stream ended before the reply finished"
         reported = True
-        finished(reply)
+        await finished(reply)
         if reply.complete:
             yield sse(DONE)
         else:
             yield sse({"error": {"message": reply.error, "type": "upstream_error"}})
-    except GeneratorExit:  # the client went away mid-stream: nothing is cached
+    except (GeneratorExit, asyncio.CancelledError):  # the client went away mid-stream: nothing is cached
         if not reported:
             reply.error = reply.error or "client disconnected"
-            finished(reply)
+            reported = True
+            _finished_nowait(finished, reply)
         raise
     finally:
-        response.close()
+        await response.aclose()
+
+
+def _finished_nowait(finished: Callable[[StreamedReply], Awaitable[None]], reply: StreamedReply) -> None:
+    """Report an abandoned stream without awaiting (a closing generator must not): as a task."""
+    try:
+        asyncio.get_running_loop().create_task(finished(reply))
+    except RuntimeError:  # no loop: nothing to report to
+        pass
+
+
+async def _sse_data_async(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``sse_data`` over an async line stream."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)

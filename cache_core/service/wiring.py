@@ -80,8 +80,8 @@ class Components:
     metrics: ServiceMetrics
     control_publisher: Callable[[ControlMessage], None]
     """Sends an admin config change to the control topic, confirmed."""
-    upstream: httpx.Client
-    """The chat proxy's client for the upstream model."""
+    upstream: httpx.AsyncClient
+    """The chat proxy's client for the upstream model (closed by the app's lifespan: ``aclose``)."""
     keys: KeyRing | None = None
     """The client API keys (``cache_core.service.auth``)."""
     emit: Callable[[CacheEvent], None] | None = None
@@ -241,7 +241,9 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         def control_publisher(message: ControlMessage) -> None:
             publish_confirmed(settings.kafka, message, base=registry.base())
 
-    upstream = httpx.Client()
+    # No pool limit below the streams a replica holds open: each waits on its own connection.
+    upstream = httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.service.upstream_max_connections,
+                                                     max_keepalive_connections=100))
     parts = Components(settings=settings, publisher=publisher, encoder=encoder, registry=registry, cache=cache,
                        metrics=None, control_publisher=control_publisher, upstream=upstream,  # type: ignore[arg-type]
                        emit=sink, keys=KeyRing.from_settings(settings.service),
@@ -263,7 +265,6 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         closers.append(("publisher", publisher.close))
     if persistence is not None:
         closers.append(("persistence", persistence.close))
-    closers.append(("upstream client", upstream.close))
     if own_encoder:
         closers.append(("encoder", encoder.close))
     return parts

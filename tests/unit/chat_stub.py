@@ -27,7 +27,7 @@ class StubUpstream(Served):
         self.headers: list[dict] = []
         self.pause_s = pause_s
         self.open_streams = 0
-        self.cancelled_streams = 0
+        self.abandoned_streams = 0
         app = FastAPI()
 
         @app.get("/v1/models")
@@ -71,6 +71,7 @@ class StubUpstream(Served):
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
         self.open_streams += 1
+        completed = False
         try:
             yield event({"role": "assistant", "content": ""})
             for i, word in enumerate(f"answer #{number}: {text}".split(" ")):
@@ -79,8 +80,8 @@ class StubUpstream(Served):
                 yield event({"content": word if i == 0 else f" {word}"})
             yield event({}, "stop")
             yield b"data: [DONE]\n\n"
-        except asyncio.CancelledError:
-            self.cancelled_streams += 1
-            raise
+            completed = True
         finally:
             self.open_streams -= 1
+            if not completed:  # the cache closed the request (its client went away)
+                self.abandoned_streams += 1

@@ -7,6 +7,7 @@ import time
 
 import httpx
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cache_core.cache import SemanticCache
@@ -29,10 +30,14 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 @router.post("/v1/chat/completions")
-def chat_completions(body: ChatCompletionRequest, request: Request, components: ComponentsDep,
+async def chat_completions(body: ChatCompletionRequest, request: Request, components: ComponentsDep,
                      cache: CacheDep, metrics: MetricsDep, caller: CallerDep):
     """A cached answer needs the read right on the namespace (x-scache-namespace, else the key's);
-    a forwarded answer is stored only for a caller with the write right there."""
+    a forwarded answer is stored only for a caller with the write right there.
+
+    Async where it waits: the encoder (its own batching thread), the upstream (``httpx.AsyncClient``)
+    and the relay, so open streams hold no thread; the store (an encode and a log write) runs in the
+    thread pool. A client that goes away mid-stream closes the upstream request."""
     service = components.settings.service
     try:
         reason = chat_key.bypass_reason(body)
@@ -55,7 +60,7 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                              "x-scache-bypass": reason, "x-scache-arm": event.arm, "x-scache-variant": event.variant}
             metrics.chat.labels(f"bypass_{reason}").inc()
         else:
-            result = cache.lookup(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
+            result = await cache.lookup_async(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
                                   namespace=identity["namespace"], scope=identity["scope"])
             cache_headers = {"x-scache-request-id": result.request_id, "x-scache-decision": result.decision,
                              "x-scache-arm": result.arm, "x-scache-variant": result.variant}
@@ -69,15 +74,15 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                 return JSONResponse(chat.completion_from_cache(body, result.answer, result.request_id,
                                                                service.upstream_model), headers=headers)
         started = time.perf_counter()
-        response = chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
+        response = await chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
                                 key_in_authorization=caller.consumed_authorization)
         if body.stream:
-            return _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started)
+            return await _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started)
         metrics.upstream_latency.observe(time.perf_counter() - started)
     except chat.ChatError as exc:
         metrics.chat.labels(f"error_{exc.status}").inc()
         return chat_error(exc)
-    return _relay(cache, metrics, query, identity, body, response, cache_headers)
+    return await _relay(cache, metrics, query, identity, body, response, cache_headers)
 
 
 def chat_error(exc: chat.ChatError) -> JSONResponse:
@@ -104,7 +109,7 @@ def bypass_event(components: Components, body: ChatCompletionRequest, identity: 
     return event
 
 
-def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
+async def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
            body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict):
     """Return the upstream answer; cache it when it is a complete, successful one."""
     headers = {**cache_headers, "x-scache-hit": "0"}
@@ -121,7 +126,7 @@ def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, ide
         metrics.chat.labels("upstream_invalid").inc()
         return openai_error(502, "upstream answered 200 with JSON that is not an object",
                             code="upstream_invalid", headers=headers)
-    stored = _store_reply(cache, query, identity, chat.answer_of(completion),
+    stored = await _store_reply(cache, query, identity, chat.answer_of(completion),
                           str(completion.get("model") or body.model or ""))
     metrics.chat.labels("forwarded").inc()
     if body.stream:  # an upstream that ignored stream=true: the client still gets a stream
@@ -130,7 +135,7 @@ def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, ide
     return JSONResponse(completion, headers={**headers, "x-scache-store": stored})
 
 
-def _store_reply(cache: SemanticCache, query: str | None, identity: dict, answer: str | None, model: str) -> str:
+async def _store_reply(cache: SemanticCache, query: str | None, identity: dict, answer: str | None, model: str) -> str:
     """Offer a complete upstream answer to the cache; returns the outcome (a store reason,
     "not_cacheable", "invalid", or "bypass" when the request bypassed the cache: ``query`` None)."""
     if query is None:
@@ -140,13 +145,13 @@ def _store_reply(cache: SemanticCache, query: str | None, identity: dict, answer
     if answer is None:
         return "not_cacheable"
     try:
-        return chat.store_answer(cache, query, answer, identity, model)
+        return await run_in_threadpool(chat.store_answer, cache, query, answer, identity, model)
     except InvalidRequest as exc:  # e.g. longer than max_answer_chars: serve, do not cache
         log.info("upstream answer not cached", extra={"reason": str(exc)})
         return "invalid"
 
 
-def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
+async def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
                   body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float):
     """Relay a streamed upstream answer; cache it once the stream finished with "stop".
 
@@ -156,24 +161,24 @@ def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | No
     content_type = response.headers.get("content-type", "")
     if response.status_code != 200 or not content_type.startswith("text/event-stream"):
         try:
-            response.read()
+            await response.aread()
         except httpx.HTTPError as exc:
             metrics.chat.labels("upstream_invalid").inc()
             return openai_error(502, f"upstream answer broke off: {type(exc).__name__}", code="upstream_invalid",
                                 headers={**cache_headers, "x-scache-hit": "0"})
         finally:
-            response.close()
+            await response.aclose()
         metrics.upstream_latency.observe(time.perf_counter() - started)
-        return _relay(cache, metrics, query, identity, body, response, cache_headers)
+        return await _relay(cache, metrics, query, identity, body, response, cache_headers)
 
-    def finished(reply: chat.StreamedReply) -> None:
+    async def finished(reply: chat.StreamedReply) -> None:
         metrics.upstream_latency.observe(time.perf_counter() - started)
         if reply.error is not None:
             metrics.chat.labels("stream_incomplete").inc()
             log.info("upstream stream not cached", extra={"request_id": cache_headers["x-scache-request-id"],
                                                           "reason": reply.error})
             return
-        stored = _store_reply(cache, query, identity, reply.answer, reply.model or body.model or "")
+        stored = await _store_reply(cache, query, identity, reply.answer, reply.model or body.model or "")
         metrics.chat.labels("forwarded").inc()
         log.info("upstream stream relayed", extra={"request_id": cache_headers["x-scache-request-id"],
                                                    "chunks": reply.chunks, "stored": stored,

@@ -16,13 +16,13 @@ router = APIRouter()
 
 
 @router.get("/v1/models")
-def list_models(request: Request, components: ComponentsDep, caller: CallerDep):
+async def list_models(request: Request, components: ComponentsDep, caller: CallerDep):
     """Any valid key (or open access)."""
     service = components.settings.service
     if service.upstream_url:
         passed = chat.upstream_headers(service, request.headers, caller.consumed_authorization)
         try:
-            response = components.upstream.get(chat.upstream_base(service.upstream_url) + "/models",
+            response = await components.upstream.get(chat.upstream_base(service.upstream_url) + "/models",
                                                headers=passed, timeout=service.upstream_timeout_s)
             listing = response.json()
             if response.status_code == 200 and isinstance(listing, dict) and isinstance(listing.get("data"), list):
