@@ -45,6 +45,8 @@ from cache_core.settings import ServiceSettings
 log = logging.getLogger(__name__)
 
 FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project")
+CONTROL_FIELDS = ("scache", "cache")
+"""Request fields with per-request cache controls, never forwarded (``cache_core.service.controls``)."""
 
 
 class ChatError(Exception):
@@ -124,6 +126,8 @@ async def forward(client: httpx.AsyncClient, service: ServiceSettings, body: Cha
                              "(set SCACHE_SERVICE__UPSTREAM_URL)")
     payload = body.model_dump(mode="json", exclude_none=True)
     payload.setdefault("model", service.upstream_model)
+    for name in CONTROL_FIELDS:  # the cache's own controls (cache_core.service.controls)
+        payload.pop(name, None)
     passed = upstream_headers(service, headers, key_in_authorization)
     try:
         request = client.build_request("POST", upstream_endpoint(service.upstream_url), json=payload,
@@ -152,7 +156,7 @@ def store_answer(cache: SemanticCache, query: str, answer: str, identity: dict,
     """Offer the upstream answer to the cache; returns the store outcome's reason."""
     result = cache.store(query, answer, unit_id=identity["unit_id"],
                          experiment_id=identity["experiment_id"], namespace=identity["namespace"],
-                         scope=identity["scope"], provenance_source="upstream",
+                         scope=identity["scope"], ttl_s=identity.get("ttl_s"), provenance_source="upstream",
                          provenance_version=model)
     return result.reason
 

@@ -59,6 +59,8 @@ FIELD_POLICY: dict[str, tuple[Policy, str]] = {
     "parallel_tool_calls": ("ignore", "meaningful only with tools, which bypass"),
     "prompt_cache_key": ("ignore", ""),
     "safety_identifier": ("ignore", ""),
+    "scache": ("ignore", "this cache's per-request controls (docs/proxy.md); not sent upstream"),
+    "cache": ("ignore", "LiteLLM's cache controls, read as ours; not sent upstream"),
 }
 """Per request field: (policy, why). A field not listed goes into the key."""
 

@@ -16,6 +16,7 @@ from cache_core.events import CacheEvent
 from cache_core.experiments import assign
 from cache_core.service import chat, chat_key
 from cache_core.service.auth import CallerDep
+from cache_core.service.controls import read_controls
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.errors import openai_error
 from cache_core.service.metrics import ServiceMetrics
@@ -49,21 +50,30 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
                 if not chat_key.has_non_text_user_part(body):
                     raise chat.ChatError(422, str(exc), param="messages") from None
                 reason = "no_text"  # e.g. an image alone: nothing to look up
+        controls = read_controls(body, request.headers)
         identity = chat.request_identity(body, request.headers, scoped=reason is None)
-        identity["namespace"] = caller.namespace(request.headers.get("x-scache-namespace"))
+        identity["namespace"] = caller.namespace(controls.namespace or request.headers.get("x-scache-namespace"))
         caller.require("read", identity["namespace"])
-        if query is not None and not caller.may("write", identity["namespace"]):
-            identity["read_only"] = True
-        if reason is not None:
-            event = bypass_event(components, body, identity, reason)
+        identity["ttl_s"] = controls.ttl_s
+        if reason is None and controls.no_store:
+            identity["no_store"] = "no_store"
+        elif query is not None and not caller.may("write", identity["namespace"]):
+            identity["no_store"] = "not_allowed"  # the caller may read this namespace, not write it
+        control_headers = {"x-scache-namespace": identity["namespace"],
+                           **({"x-scache-controls": controls.applied()} if controls.applied() else {})}
+        skipped = reason is None and controls.skip_reason is not None
+        if reason is not None or skipped:
+            why = reason or controls.skip_reason
+            event = bypass_event(components, body, identity, why)
             cache_headers = {"x-scache-request-id": event.request_id, "x-scache-decision": "bypass",
-                             "x-scache-bypass": reason, "x-scache-arm": event.arm, "x-scache-variant": event.variant}
-            metrics.chat.labels(f"bypass_{reason}").inc()
+                             "x-scache-bypass": why, "x-scache-arm": event.arm, "x-scache-variant": event.variant,
+                             **control_headers}
+            metrics.chat.labels(f"bypass_{why}").inc()
         else:
             result = await cache.lookup_async(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
                                   namespace=identity["namespace"], scope=identity["scope"])
             cache_headers = {"x-scache-request-id": result.request_id, "x-scache-decision": result.decision,
-                             "x-scache-arm": result.arm, "x-scache-variant": result.variant}
+                             "x-scache-arm": result.arm, "x-scache-variant": result.variant, **control_headers}
             if result.hit:
                 metrics.chat.labels("hit").inc()
                 headers = {**cache_headers, "x-scache-hit": "1"}
@@ -140,8 +150,8 @@ async def _store_reply(cache: SemanticCache, query: str | None, identity: dict, 
     "not_cacheable", "invalid", or "bypass" when the request bypassed the cache: ``query`` None)."""
     if query is None:
         return "bypass"
-    if identity.get("read_only"):
-        return "not_allowed"  # the caller may read this namespace, not write it
+    if identity.get("no_store"):
+        return identity["no_store"]  # "no_store" (asked so) or "not_allowed" (no write right)
     if answer is None:
         return "not_cacheable"
     try:
