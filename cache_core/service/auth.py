@@ -11,6 +11,7 @@ may do everything but the admin API, which keeps its own token.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -102,13 +103,17 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m cache_core.service.auth KEY   (prints the sha256 for SCACHE_SERVICE__API_KEYS)",
-              file=sys.stderr)
-        return 2
-    print(json.dumps({"sha256": key_digest(args[0]), "tenant": "TENANT", "namespaces": ["default"],
-                      "rights": ["read", "write", "feedback"]}))
+    parser = argparse.ArgumentParser(prog="python -m cache_core.service.auth",
+                                     description="Print the SCACHE_SERVICE__API_KEYS entry of a client key "
+                                                 "(only its sha256 is kept).")
+    parser.add_argument("key", help="the client's API key")
+    parser.add_argument("--tenant", default="TENANT")
+    parser.add_argument("--namespace", action="append", help="a namespace the key may use (repeatable)")
+    parser.add_argument("--right", action="append", choices=["read", "write", "feedback", "admin"],
+                        help="a right (repeatable; default read, write, feedback)")
+    args = parser.parse_args(argv)
+    print(json.dumps({"sha256": key_digest(args.key), "tenant": args.tenant,
+                      "namespaces": args.namespace or ["default"], "rights": args.right or ["read", "write", "feedback"]}))
     return 0
 
 
