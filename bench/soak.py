@@ -57,7 +57,7 @@ from cache_core.settings import KafkaSettings  # noqa: E402
 from infra.kafka.broker import start_broker  # noqa: E402
 from infra.kafka.topics import ensure_topics  # noqa: E402
 from infra.runtime import REPO_ROOT, Service, free_port, spawn, wait_until  # noqa: E402
-from tests.unit.test_service_chat_admin import Upstream  # noqa: E402
+from tests.unit.cache_core.service.test_service_chat_admin import Upstream  # noqa: E402
 
 TOKEN = "soak-admin-token"
 MAX_CLUSTERS = 1024  # cache_core.clusters.OnlineClusters' default, as the cache builds it
@@ -97,7 +97,7 @@ def start_replica(name: str, workdir: Path, kafka: KafkaSettings, upstream_port:
     port = free_port()
     env = {"SCACHE_SERVICE__HOST": "127.0.0.1", "SCACHE_SERVICE__PORT": str(port), "SCACHE_LOG_FORMAT": "json",
            "SCACHE_LOG_LEVEL": "WARNING", "SCACHE_EXPERIMENTS_FILE": str(experiments),
-           "SCACHE_SERVICE__ADMIN_TOKEN": TOKEN,
+           "SCACHE_SERVICE__ADMIN_TOKEN": TOKEN, "SCACHE_SERVICE__OPEN_ACCESS": "true",
            "SCACHE_SERVICE__UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
            "SCACHE_CACHE__PERSIST": "true", "SCACHE_CACHE__REPLICATE": "true",
            "SCACHE_CACHE__SNAPSHOT_DIR": str(workdir / "snapshots"),

@@ -17,7 +17,7 @@ from tests.unit.cache_core.helpers import RecordingPublisher
 
 @pytest.fixture()
 def api(minilm_embedder):
-    with TestClient(create_app(build_components(Settings(), RecordingPublisher(), minilm_embedder))) as client:
+    with TestClient(create_app(build_components(Settings(service={"open_access": True}), RecordingPublisher(), minilm_embedder))) as client:
         yield client
 
 

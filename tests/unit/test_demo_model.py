@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from infra import demo_model
-from tests.unit.test_service_chat_admin import Served, chat, make_client
+from tests.unit.cache_core.service.test_service_chat_admin import Served, chat, make_client
 
 QUESTION = "How do I reset my card PIN?"
 

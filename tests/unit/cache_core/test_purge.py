@@ -8,7 +8,7 @@ from cache_core.types import EntryMatch, InvalidRequest
 from cache_core.state.replication import EntryFollower
 from tests.unit.cache_core.helpers import ManualClock, TableEmbedder, unit_in_arm, unit_vec
 from tests.unit.cache_core.state.test_replication import KAFKA, MODEL, _deliver, _replica
-from tests.unit.test_service_chat_admin import TOKEN, make_client
+from tests.unit.cache_core.service.test_service_chat_admin import TOKEN, make_client
 
 POLICY, POLICY_PARAPHRASE, HOURS = "what is the refund policy", "how do refunds work", "when are you open"
 

@@ -9,8 +9,8 @@ from cache_core.service.app import create_app
 from cache_core.service.keys import key_digest
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import RecordingPublisher
-from tests.unit.chat_stub import StubUpstream
+from tests.unit.cache_core.helpers import RecordingPublisher
+from tests.unit.cache_core.service.chat_stub import StubUpstream
 
 ACME, ACME_READER, GLOBEX = "sk-acme-writer", "sk-acme-reader", "sk-globex"
 KEYS = [{"sha256": key_digest(ACME), "tenant": "acme", "namespaces": ["acme", "acme/*"],

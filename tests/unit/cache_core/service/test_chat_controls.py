@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import RecordingPublisher
-from tests.unit.chat_stub import StubUpstream
+from tests.unit.cache_core.helpers import RecordingPublisher
+from tests.unit.cache_core.service.chat_stub import StubUpstream
 
 
 class Clock:

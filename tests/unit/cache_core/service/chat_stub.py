@@ -11,7 +11,7 @@ import json
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tests.unit.test_service_chat_admin import Served
+from tests.unit.cache_core.service.test_service_chat_admin import Served
 
 
 def last_text(body: dict) -> str:

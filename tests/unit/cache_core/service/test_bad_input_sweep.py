@@ -34,7 +34,7 @@ from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from tests.unit.cache_core.helpers import RecordingPublisher
-from tests.unit.test_service_chat_admin import TOKEN, ControlRecorder, Upstream
+from tests.unit.cache_core.service.test_service_chat_admin import TOKEN, ControlRecorder, Upstream
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 JSON = {"content-type": "application/json"}

@@ -15,7 +15,7 @@ from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import free_port
 from tests.unit.cache_core.helpers import RecordingPublisher
-from tests.unit.test_service_chat_admin import Served, Upstream, make_client, new_config
+from tests.unit.cache_core.service.test_service_chat_admin import Served, Upstream, make_client, new_config
 
 DONE = "[DONE]"
 

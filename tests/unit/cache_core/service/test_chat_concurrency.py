@@ -13,9 +13,9 @@ from cache_core.service.app import create_app
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import wait_until
-from tests.unit.cache_helpers import RecordingPublisher
-from tests.unit.chat_stub import StubUpstream
-from tests.unit.test_service_chat_admin import Served
+from tests.unit.cache_core.helpers import RecordingPublisher
+from tests.unit.cache_core.service.chat_stub import StubUpstream
+from tests.unit.cache_core.service.test_service_chat_admin import Served
 
 STREAMS = 200
 PAUSE_S = 5.0

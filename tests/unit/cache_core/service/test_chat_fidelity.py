@@ -12,10 +12,10 @@ from cache_core.service.app import create_app
 from cache_core.service.chat_key import FIELD_POLICY
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
-from tests.unit.cache_helpers import RecordingPublisher
-from tests.unit.chat_stub import StubUpstream
+from tests.unit.cache_core.helpers import RecordingPublisher
+from tests.unit.cache_core.service.chat_stub import StubUpstream
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "proxy.md"
+DOCS = Path(__file__).resolve().parents[4] / "docs" / "proxy.md"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
