@@ -82,6 +82,8 @@ class Components:
     """Sends an admin config change to the control topic, confirmed."""
     upstream: httpx.AsyncClient
     """The chat proxy's client for the upstream model (closed by the app's lifespan: ``aclose``)."""
+    instance_id: str = ""
+    """This replica's id in events."""
     keys: KeyRing | None = None
     """The client API keys (``cache_core.service.auth``)."""
     emit: Callable[[CacheEvent], None] | None = None
@@ -246,7 +248,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                                                      max_keepalive_connections=100))
     parts = Components(settings=settings, publisher=publisher, encoder=encoder, registry=registry, cache=cache,
                        metrics=None, control_publisher=control_publisher, upstream=upstream,  # type: ignore[arg-type]
-                       emit=sink, keys=KeyRing.from_settings(settings.service),
+                       emit=sink, keys=KeyRing.from_settings(settings.service), instance_id=instance_id,
                        persistence=persistence, expiry=sweeper, entry_follower=entry_follower,
                        _closers=closers)
     parts.metrics = ServiceMetrics(

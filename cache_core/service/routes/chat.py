@@ -110,7 +110,7 @@ def bypass_event(components: Components, body: ChatCompletionRequest, identity: 
     attributed to the unit's arm like any other request of the experiment."""
     experiment = components.registry.get(identity["experiment_id"])
     assignment = assign(experiment, identity["unit_id"])
-    event = CacheEvent(instance_id=components.cache.instance_id, namespace=identity["namespace"],
+    event = CacheEvent(instance_id=components.instance_id, namespace=identity["namespace"],
                        experiment_id=experiment.experiment_id, arm=assignment.arm, unit_id=identity["unit_id"],
                        assignment_prob=assignment.probability, partition_mode=experiment.partition_mode,
                        config_version=experiment.version, variant=assignment.variant, decision="bypass",
