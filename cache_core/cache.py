@@ -38,7 +38,7 @@ from cache_core.state.changes import Origin, StateApplier, StateChange, Vote
 from cache_core.state.feedback import ServedHit, ServedHits
 from cache_core.store.partition import Partition
 from cache_core.store.stores import Stores
-from cache_core.types import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
+from cache_core.records import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
                               StoreResult)
 
 Clock = Callable[[], float]

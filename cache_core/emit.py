@@ -15,7 +15,7 @@ from cache_core.events import CacheEvent
 from cache_core.publish.event_worker import InlineExecutor, PendingEvent
 from cache_core.store.faiss import IndexMark
 from cache_core.store.partition import Partition
-from cache_core.types import CacheEntry, Candidate, LookupResult, Request, SearchOutcome
+from cache_core.records import CacheEntry, Candidate, LookupResult, Request, SearchOutcome
 
 # Sampled ANN checks are skipped while this many events wait to be finished.
 MAX_CHECK_BACKLOG = 64

@@ -131,7 +131,7 @@ class ControlMessage(BaseModel):
 
 
 class PurgeMatch(BaseModel):
-    """What a purge removes (``cache_core.types.EntryMatch``), on the entries topic."""
+    """What a purge removes (``cache_core.records.EntryMatch``), on the entries topic."""
 
     provenance_source: str | None = None
     provenance_version: str | None = None

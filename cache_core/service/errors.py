@@ -7,7 +7,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from cache_core.types import InvalidRequest
+from cache_core.records import InvalidRequest
 from cache_core.registry import UnknownExperiment
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cache_core.cache import SemanticCache
-from cache_core.types import InvalidRequest
+from cache_core.records import InvalidRequest
 from cache_core.service import chat
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.metrics import ServiceMetrics
