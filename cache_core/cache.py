@@ -174,7 +174,7 @@ class SemanticCache:
         if served is not None:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
                                                            req.arm_name, served.entry_id, unit_id))
-        return record.result(pending, served)
+        return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
     def _decide_and_touch(self, partition, query, outcome, arm, req, now):
         decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)

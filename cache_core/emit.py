@@ -62,8 +62,10 @@ class LookupRecord:
     judge_probability: float | None = None
     judge_ms: float | None = None
 
-    def result(self, pending: PendingEvent, served: CacheEntry | None = None) -> LookupResult:
-        """What the caller gets back (``served``: the entry whose answer it is, on a hit)."""
+    def result(self, pending: PendingEvent, served: CacheEntry | None = None,
+               nearest: CacheEntry | None = None) -> LookupResult:
+        """What the caller gets back (``served``: the entry whose answer it is, on a hit;
+        ``nearest``: on a miss, the nearest candidate's entry)."""
         req = self.req
         return LookupResult(
             request_id=req.request_id, decision=self.decision, hit=served is not None,
@@ -77,6 +79,7 @@ class LookupRecord:
             embed_ms=req.embed_ms, search_ms=self.search_ms, score=self.score,
             score_margin=self.score_margin, judge_version=self.judge_version,
             judge_probability=self.judge_probability,
+            nearest_answer=nearest.answer if served is None and nearest is not None else None,
         )
 
 

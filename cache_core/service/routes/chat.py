@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import httpx
 from fastapi import APIRouter, Request
@@ -13,6 +14,7 @@ from cache_core.cache import SemanticCache
 from cache_core.records import InvalidRequest
 from cache_core.service import chat
 from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
+from cache_core.service.shadow import shadow_request
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
 
@@ -36,6 +38,8 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
                          "x-scache-arm": result.arm, "x-scache-variant": result.variant}
         if result.hit:
             metrics.chat.labels("hit").inc()
+            if components.shadow is not None:  # never waits: a sampled hit is checked in the background
+                components.shadow.after_hit(result, query, shadow_request(body, request.headers))
             headers = {**cache_headers, "x-scache-hit": "1"}
             if body.stream:
                 return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
@@ -46,16 +50,25 @@ def chat_completions(body: ChatCompletionRequest, request: Request, components: 
         started = time.perf_counter()
         response = chat.forward(components.upstream, service, body, request.headers, stream=body.stream)
         if body.stream:
-            return _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started)
+            return _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started,
+                                 _near_miss(components, result))
         metrics.upstream_latency.observe(time.perf_counter() - started)
     except chat.ChatError as exc:
         metrics.chat.labels(f"error_{exc.status}").inc()
         return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-    return _relay(cache, metrics, query, identity, body, response, cache_headers)
+    return _relay(cache, metrics, query, identity, body, response, cache_headers, _near_miss(components, result))
+
+
+def _near_miss(components, result) -> Callable[[str | None], object] | None:
+    """Hands a miss's upstream answer to the shadow checker (a near-miss is compared with its nearest
+    candidate's answer, in the background)."""
+    shadow = components.shadow
+    return None if shadow is None else (lambda answer: shadow.after_miss(result, answer))
 
 
 def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: dict,
-           body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict):
+           body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict,
+           on_answer: Callable[[str | None], object] | None = None):
     """Return the upstream answer; cache it when it is a complete, successful one."""
     headers = {**cache_headers, "x-scache-hit": "0"}
     try:
@@ -72,8 +85,10 @@ def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: 
         metrics.chat.labels("upstream_invalid").inc()
         return JSONResponse(status_code=502, headers=headers,
                             content={"detail": "upstream answered 200 with JSON that is not an object"})
-    stored = _store_reply(cache, query, identity, chat.answer_of(completion),
-                          str(completion.get("model") or body.model or ""))
+    answer = chat.answer_of(completion)
+    stored = _store_reply(cache, query, identity, answer, str(completion.get("model") or body.model or ""))
+    if on_answer is not None:
+        on_answer(answer)
     metrics.chat.labels("forwarded").inc()
     if body.stream:  # an upstream that ignored stream=true: the client still gets a stream
         return StreamingResponse(chat.chunks_of_completion(completion, body), media_type="text/event-stream",
@@ -94,7 +109,8 @@ def _store_reply(cache: SemanticCache, query: str, identity: dict, answer: str |
 
 
 def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str, identity: dict,
-                  body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float):
+                  body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float,
+                  on_answer: Callable[[str | None], object] | None = None):
     """Relay a streamed upstream answer; cache it once the stream finished with "stop".
 
     An error status (or a body that is not an event stream) is read whole and answered
@@ -111,7 +127,7 @@ def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str, ide
         finally:
             response.close()
         metrics.upstream_latency.observe(time.perf_counter() - started)
-        return _relay(cache, metrics, query, identity, body, response, cache_headers)
+        return _relay(cache, metrics, query, identity, body, response, cache_headers, on_answer)
 
     def finished(reply: chat.StreamedReply) -> None:
         metrics.upstream_latency.observe(time.perf_counter() - started)
@@ -121,6 +137,8 @@ def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str, ide
                                                           "reason": reply.error})
             return
         stored = _store_reply(cache, query, identity, reply.answer, reply.model or body.model or "")
+        if on_answer is not None:
+            on_answer(reply.answer)
         metrics.chat.labels("forwarded").inc()
         log.info("upstream stream relayed", extra={"request_id": cache_headers["x-scache-request-id"],
                                                    "chunks": reply.chunks, "stored": stored,

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from cache_core.service.deps import CacheDep
+from cache_core.service.deps import CacheDep, ShadowDep
 from cache_core.service.schemas import LookupRequest, LookupResponse
 
 router = APIRouter()
 
 
 @router.post("/v1/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, cache: CacheDep, response: Response) -> LookupResponse:
+async def lookup(body: LookupRequest, cache: CacheDep, response: Response,
+                 shadow: ShadowDep = None) -> LookupResponse:
     """Async: it awaits the shared micro-batching encoder's future (concurrent requests still get
     batched) without a thread-pool hop."""
     result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
                                       namespace=body.namespace, scope=body.scope)
     response.headers["x-scache-request-id"] = result.request_id  # the access log's decision_id
+    if shadow is not None:  # never waits: a sampled hit is queued for a background check
+        shadow.after_hit(result, body.query)
     return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})
