@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import uvicorn
 
-from cache_core.types import CacheEntry, entry_bytes
+from cache_core.records import CacheEntry, entry_bytes
 from cache_core.embedding.load import load_embedder
 from cache_core.store.faiss import IndexSpec, VectorIndex, set_search_threads
 from cache_core.service.app import create_app

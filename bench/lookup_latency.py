@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import uvicorn
 
-from cache_core.types import CacheEntry, entry_bytes
+from cache_core.records import CacheEntry, entry_bytes
 from cache_core.embedding.batching import BatchingEncoder
 from cache_core.embedding.embedder import normalise
 from cache_core.embedding.load import load_embedder

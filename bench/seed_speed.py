@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.replication import DATA, RESULTS  # noqa: E402
 from cache_core.cache import SemanticCache  # noqa: E402
-from cache_core.types import StoreItem  # noqa: E402
+from cache_core.records import StoreItem  # noqa: E402
 from cache_core.embedding.load import load_embedder  # noqa: E402
 from cache_core.experiments import ArmConfig, ExperimentConfig  # noqa: E402
 from cache_core.state.persistence import Persistence  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 from cache_core.experiments import ArmConfig
 from cache_core.lifetime import ttl_for
 from cache_core.store.partition import Partition
-from cache_core.types import CacheEntry, StoreItem, StoreResult, entry_bytes
+from cache_core.records import CacheEntry, StoreItem, StoreResult, entry_bytes
 
 NEAR_DUPLICATE_SIM = 0.85
 NOVEL_SIM = 0.60

@@ -38,7 +38,7 @@ from cache_core.state.changes import Origin, StateApplier, StateChange, Vote
 from cache_core.state.feedback import ServedHit, ServedHits
 from cache_core.store.partition import Partition
 from cache_core.store.stores import Stores
-from cache_core.types import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
+from cache_core.records import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
                               StoreResult)
 
 Clock = Callable[[], float]
@@ -174,7 +174,7 @@ class SemanticCache:
         if served is not None:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
                                                            req.arm_name, served.entry_id, unit_id))
-        return record.result(pending, served)
+        return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
     def _decide_and_touch(self, partition, query, outcome, arm, req, now):
         decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)

@@ -15,7 +15,7 @@ from cache_core.events import CacheEvent
 from cache_core.publish.event_worker import InlineExecutor, PendingEvent
 from cache_core.store.faiss import IndexMark
 from cache_core.store.partition import Partition
-from cache_core.types import CacheEntry, Candidate, LookupResult, Request, SearchOutcome
+from cache_core.records import CacheEntry, Candidate, LookupResult, Request, SearchOutcome
 
 # Sampled ANN checks are skipped while this many events wait to be finished.
 MAX_CHECK_BACKLOG = 64
@@ -62,8 +62,10 @@ class LookupRecord:
     judge_probability: float | None = None
     judge_ms: float | None = None
 
-    def result(self, pending: PendingEvent, served: CacheEntry | None = None) -> LookupResult:
-        """What the caller gets back (``served``: the entry whose answer it is, on a hit)."""
+    def result(self, pending: PendingEvent, served: CacheEntry | None = None,
+               nearest: CacheEntry | None = None) -> LookupResult:
+        """What the caller gets back (``served``: the entry whose answer it is, on a hit;
+        ``nearest``: on a miss, the nearest candidate's entry)."""
         req = self.req
         return LookupResult(
             request_id=req.request_id, decision=self.decision, hit=served is not None,
@@ -77,6 +79,7 @@ class LookupRecord:
             embed_ms=req.embed_ms, search_ms=self.search_ms, score=self.score,
             score_margin=self.score_margin, judge_version=self.judge_version,
             judge_probability=self.judge_probability,
+            nearest_answer=nearest.answer if served is None and nearest is not None else None,
         )
 
 

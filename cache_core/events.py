@@ -23,6 +23,10 @@ SCHEMA_VERSION = 1
 EventType = Literal["decision", "heartbeat"]
 Decision = Literal["hit", "miss", "bypass", "none"]
 Verdict = Literal["correct", "wrong"]
+FeedbackSource = Literal["user", "shadow"]
+"""Who gave a verdict: a user (``POST /v1/feedback``), or a shadow check (``cache_core.shadow``: the
+upstream model asked again in the background and its answer compared with the cached one). The
+warehouse keeps them apart: a shadow verdict is an estimate of the false-hit rate, not a user's word."""
 
 
 def now_ms() -> int:
@@ -111,7 +115,9 @@ class FeedbackEvent(BaseModel):
     request_id: str = Field(min_length=1, max_length=128)
     verdict: Verdict
     ts_ms: int = Field(default_factory=now_ms)
-    source: str = "user"
+    source: FeedbackSource = "user"
+    """"shadow" verdicts may also judge a miss (a near-miss: would the nearest candidate's answer,
+    whose similarity the miss's event carries, have been right?); a user's only judge hits."""
 
     def kafka_key(self) -> bytes:
         return self.request_id.encode()
@@ -134,7 +140,7 @@ class ControlMessage(BaseModel):
 
 
 class PurgeMatch(BaseModel):
-    """What a purge removes (``cache_core.types.EntryMatch``), on the entries topic."""
+    """What a purge removes (``cache_core.records.EntryMatch``), on the entries topic."""
 
     provenance_source: str | None = None
     provenance_version: str | None = None

@@ -30,7 +30,7 @@ from cache_core import heap
 
 if TYPE_CHECKING:
     from cache_core.experiments import ArmConfig
-    from cache_core.types import CacheEntry
+    from cache_core.records import CacheEntry
 
 log = logging.getLogger(__name__)
 

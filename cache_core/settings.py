@@ -252,6 +252,29 @@ class DashboardSettings(_Documented):
     """``./scache serve`` runs auto-tune (``python -m dashboard.control.autotune --every N``) this often; unset: off."""
 
 
+class ShadowSettings(_Documented):
+    """Shadow checks (``cache_core.shadow``): labels without waiting for users."""
+
+    hit_rate: float = Field(0.0, ge=0, le=1)
+    """Share of hits whose answer is checked against a fresh upstream answer, asked in the background
+    (one extra upstream call each; 0: off)."""
+    near_miss_band: float = Field(0.0, ge=0, lt=1)
+    """A chat miss whose nearest candidate was this close below the threshold (similarity in
+    [threshold - band, threshold)) has its upstream answer compared with that candidate's, at no extra
+    call, so the false-hit curve below the threshold is measured (0: off; e.g. 0.1)."""
+    calls_per_minute: float = Field(30.0, ge=0)
+    """Budget of extra upstream calls per arm and minute (a token bucket); checks past it are dropped, counted."""
+    concurrency: int = Field(2, ge=1, le=64)
+    """Checks running at once (each holds one upstream call)."""
+    queue_size: int = Field(64, ge=1)
+    """Checks waiting to run; past it a check is dropped (counted), never waited for."""
+    equivalence: Literal["exact", "cosine"] = "cosine"
+    """How a fresh answer is compared with the cached one: normalised exact match, or the cosine of the
+    two answers' embeddings (the cache's encoder) at ``cosine_threshold``."""
+    cosine_threshold: float = Field(0.85, gt=0, le=1)
+    """Answers at least this similar count as equivalent (equivalence=cosine)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SCACHE_",
@@ -274,6 +297,7 @@ class Settings(BaseSettings):
     service: ServiceSettings = ServiceSettings()
     flink: FlinkSettings = FlinkSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    shadow: ShadowSettings = ShadowSettings()
 
     @model_validator(mode="after")
     def _require_tokens_outside_local(self) -> "Settings":

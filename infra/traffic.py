@@ -13,6 +13,7 @@ import csv
 import itertools
 import logging
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -63,8 +64,8 @@ class Query:
 
 class Judge:
     """Whether a served answer was right for a query: by label, when the served answer's label is known
-    (answers stored by this traffic, or the banking77 replies), else by equality with the expected answer;
-    neither known: no verdict."""
+    (answers stored by this traffic, or a label's canned answer, ``answer_for``, also one stored by an
+    earlier run), else by equality with the expected answer; neither known: no verdict."""
 
     def __init__(self) -> None:
         self.labels: dict[str, str] = {}
@@ -73,9 +74,18 @@ class Judge:
         if label is not None:
             self.labels[answer] = label
 
+    def label_of(self, served: str | None) -> str | None:
+        if served is None:
+            return None
+        if served in self.labels:
+            return self.labels[served]
+        canned = re.fullmatch(r"\[(.+?)\] Here is how we handle .*\.", served, re.S)
+        return canned.group(1) if canned and served == answer_for(canned.group(1)) else None
+
     def verdict(self, served: str | None, query: Query) -> str | None:
-        if query.label is not None and served in self.labels:
-            return "correct" if self.labels[served] == query.label else "wrong"
+        label = self.label_of(served) if query.label is not None else None
+        if label is not None:
+            return "correct" if label == query.label else "wrong"
         if query.answer is not None and served is not None:
             return "correct" if " ".join(served.split()) == " ".join(query.answer.split()) else "wrong"
         return None

@@ -20,7 +20,7 @@ from cache_core.decision.judge import (JUDGE_UNAVAILABLE, JUDGE_VETO, Judge, Jud
 from cache_core.decision.rerank import Weights, rank
 from cache_core.decision.thresholds import multi_for, threshold_for
 from cache_core.experiments import ArmConfig, Variant
-from cache_core.types import Candidate
+from cache_core.records import Candidate
 
 
 @dataclass

@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from cache_core.records import InvalidRequest
 from cache_core.registry import UnknownExperiment
 from cache_core.service.transport import BodyTooLarge
-from cache_core.types import InvalidRequest
 
 OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/embeddings")
 NO_RETRY = {"x-should-retry": "false"}

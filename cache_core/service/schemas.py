@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from cache_core.events import FeedbackSource
+
 _ID = Field(min_length=1, max_length=256)
 
 
@@ -81,7 +83,8 @@ class PurgeRequest(_Strict):
 class FeedbackRequest(_Strict):
     request_id: str = Field(min_length=1, max_length=128)
     verdict: Literal["correct", "wrong"]
-    source: str = Field("user", min_length=1, max_length=64)
+    source: FeedbackSource = "user"
+    """"shadow": an outside shadow checker's verdict (counted apart, never takes an entry out)."""
 
 
 class LookupResponse(BaseModel):

@@ -32,6 +32,7 @@ from cache_core.store.ann_check import AnnChecker
 from cache_core.cache import SemanticCache
 from cache_core.embedding.batching import BatchingEncoder
 from cache_core.embedding.embedder import Embedder
+from cache_core.shadow.checker import ShadowChecker
 from cache_core.embedding.load import load_embedder
 from cache_core.publish.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
@@ -40,6 +41,7 @@ from cache_core.state.persistence import Persistence
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.keys import KeyRing
 from cache_core.service.metrics import ServiceMetrics
+from cache_core.service.shadow import build_checker
 from cache_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,8 @@ class Components:
     followers: dict[str, Follower] = field(default_factory=dict)
     """Topic followers by name, started by ``start()`` (the service's: ``for_service``); /readyz waits
     until each has caught up."""
+    shadow: ShadowChecker | None = None
+    """Shadow checks (``cache_core.shadow``), started by ``start()`` when ``settings.shadow`` enables them."""
     heartbeat_s: float | None = None
     """Publisher heartbeats this often once started (the service only)."""
     _closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
@@ -154,6 +158,8 @@ class Components:
             self.persistence.start()
         if self.expiry is not None:
             self.expiry.start()
+        if self.shadow is not None:
+            self.shadow.start()
         for _name, follower in self._followers_in_order():
             follower.start()
         if self.heartbeat_s is not None:
@@ -251,6 +257,9 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                        emit=sink, keys=KeyRing.from_settings(settings.service), instance_id=instance_id,
                        persistence=persistence, expiry=sweeper, entry_follower=entry_follower,
                        _closers=closers)
+    # Shadow checks ask the upstream from their own worker threads: a blocking client of their own.
+    shadow_client = httpx.Client()
+    parts.shadow = build_checker(settings, encoder.encode, shadow_client, publisher.publish_feedback)
     parts.metrics = ServiceMetrics(
         cache, publisher.stats, persistence.metrics if persistence else None,
         entry_follower.stats if entry_follower else None,
@@ -258,6 +267,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     metrics.append(parts.metrics)
     if sweeper is not None:
         closers.append(("expiry sweeper", sweeper.stop))
+    closers.append(("shadow checks", parts.shadow.close))  # before the publisher their verdicts go to
+    closers.append(("shadow client", shadow_client.close))
     if ann_checker is not None:
         closers.append(("ANN checker", ann_checker.close))  # pending checks run now, their events go
     if own_worker:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from cache_core.experiments import ArmConfig
 from cache_core.registry import UnknownExperiment
 from cache_core.state.feedback import ServedHit, log_invalidation
-from cache_core.types import CacheEntry, EntryMatch
+from cache_core.records import CacheEntry, EntryMatch
 
 if TYPE_CHECKING:
     from cache_core.cache import SemanticCache

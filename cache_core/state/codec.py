@@ -9,7 +9,7 @@ import base64
 
 import numpy as np
 
-from cache_core.types import CacheEntry
+from cache_core.records import CacheEntry
 
 _ENTRY_FIELDS = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_policy", "max_age_s",
                  "namespace", "intent_cluster", "scope", "provenance_source", "provenance_version",

@@ -181,8 +181,12 @@ class FeedbackFollower(TopicFollower):
 
     def handle(self, record, tp: TopicPartition) -> None:
         event = self.parse(FeedbackEvent, record, tp)
-        if event is not None:
+        # Shadow verdicts (cache_core.shadow) are measurements: they neither take an entry out nor
+        # settle the hit, so a user's later verdict on the same request still counts.
+        if event is not None and event.source == "user":
             self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
+        elif event is not None:
+            self._counts["not_applied_shadow"] += 1
 
     def after_poll(self) -> None:
         """A checkpoint when due, from this thread: the offsets saved are those of the hits saved."""

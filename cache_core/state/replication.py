@@ -80,7 +80,7 @@ from kafka import TopicPartition
 from pydantic import ValidationError
 
 from cache_core.clusters import ClusterModel
-from cache_core.types import EntryMatch, InvalidRequest
+from cache_core.records import EntryMatch, InvalidRequest
 from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
 from cache_core.state.follower import TopicFollower
 from cache_core.state.changes import Clear, Purge, Put, Remove, Vote

@@ -15,7 +15,7 @@ import numpy as np
 
 from cache_core.store.base import VectorStore
 from cache_core.store.faiss import IndexMark, IndexSpec, VectorIndex
-from cache_core.types import CacheEntry, Candidate, SearchOutcome, text_key
+from cache_core.records import CacheEntry, Candidate, SearchOutcome, text_key
 
 SEARCH_K = 5
 # How far from the LRU end eviction looks for an unprotected / expired victim.

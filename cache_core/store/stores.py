@@ -22,7 +22,7 @@ from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.store.faiss import IndexSpec
 from cache_core.store.partition import Partition
-from cache_core.types import CacheEntry
+from cache_core.records import CacheEntry
 
 SHARED_ARM = "*"
 

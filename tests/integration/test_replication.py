@@ -9,7 +9,7 @@ import yaml
 from kafka import TopicPartition
 
 from cache_core.cache import SemanticCache
-from cache_core.types import LookupResult
+from cache_core.records import LookupResult
 from cache_core.events import FeedbackEvent
 from cache_core.experiments import ArmConfig, ExperimentConfig, assign
 from cache_core.state.feedback import FeedbackFollower

@@ -93,3 +93,15 @@ def test_each_command_names_a_module_with_a_main():
 
     for module, _, _ in cli.COMMANDS.values():
         assert importlib.util.find_spec(module) is not None, module
+
+
+def test_no_module_shipped_to_flink_is_named_like_a_standard_library_one():
+    """PyFlink's workers can end up with a shipped package's own folder on sys.path (cache_core/types.py
+    shadowed ``types`` there and every Python worker of the attribution job died importing it)."""
+    text = (REPO_ROOT / "jobs" / "attribution_job.py").read_text()
+    shipped = re.search(r"^SHIPPED_PACKAGES = \(([^)]*)\)", text, re.M).group(1)
+    packages = re.findall(r'"(\w+)"', shipped)
+    assert "cache_core" in packages
+    clashes = [str(path.relative_to(REPO_ROOT)) for package in packages for path in (REPO_ROOT / package).rglob("*.py")
+               if path.stem in sys.stdlib_module_names]
+    assert not clashes, clashes

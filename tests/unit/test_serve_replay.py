@@ -140,3 +140,13 @@ def test_replay_finds_the_running_stack_and_ignores_a_stale_one(tmp_path, monkey
     (tmp_path / "serve" / "stack.json").write_text(json.dumps({"pid": os.getpid(),
                                                                "cache_url": "http://127.0.0.1:8000"}))
     assert replay_module.running_cache_url() == "http://127.0.0.1:8000"
+
+
+def test_a_canned_answer_stored_by_an_earlier_run_is_still_judged_by_its_label():
+    from infra.traffic import Judge, Query, answer_for
+
+    judge = Judge()  # a fresh run: it stored nothing itself
+    asked = Query("reset my PIN", "u1", label="change_pin")
+    assert judge.verdict(answer_for("change_pin"), asked) == "correct"
+    assert judge.verdict(answer_for("lost_card"), asked) == "wrong"
+    assert judge.verdict("[not canned] something else", asked) is None

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from cache_core.types import EntryMatch
+from cache_core.records import EntryMatch
 from cache_core.publish.control_topic import ControlLost, ControlUnconfirmed
 from cache_core.events import ControlMessage
 from cache_core.experiments import parse_experiment_json

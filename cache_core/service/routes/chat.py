@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import httpx
 from fastapi import APIRouter, Request
@@ -11,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cache_core.cache import SemanticCache
-from cache_core.types import InvalidRequest
+from cache_core.records import InvalidRequest
 from cache_core.events import CacheEvent
 from cache_core.experiments import assign
 from cache_core.service import chat, chat_key
@@ -21,6 +22,7 @@ from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.errors import openai_error
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
+from cache_core.service.shadow import shadow_request
 from cache_core.service.wiring import Components
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
         control_headers = {"x-scache-namespace": identity["namespace"],
                            **({"x-scache-controls": controls.applied()} if controls.applied() else {})}
         skipped = reason is None and controls.skip_reason is not None
+        on_answer = None  # a looked-up miss' answer goes to the shadow checker (near-miss comparison)
         if reason is not None or skipped:
             why = reason or controls.skip_reason
             event = bypass_event(components, body, identity, why)
@@ -70,12 +73,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
                              **control_headers}
             metrics.chat.labels(f"bypass_{why}").inc()
         else:
-            result = await cache.lookup_async(query, unit_id=identity["unit_id"], experiment_id=identity["experiment_id"],
-                                  namespace=identity["namespace"], scope=identity["scope"])
+            result = await cache.lookup_async(query, unit_id=identity["unit_id"],
+                                              experiment_id=identity["experiment_id"],
+                                              namespace=identity["namespace"], scope=identity["scope"])
             cache_headers = {"x-scache-request-id": result.request_id, "x-scache-decision": result.decision,
                              "x-scache-arm": result.arm, "x-scache-variant": result.variant, **control_headers}
             if result.hit:
                 metrics.chat.labels("hit").inc()
+                if components.shadow is not None:  # never waits: a sampled hit is checked in the background
+                    components.shadow.after_hit(result, query, shadow_request(body, request.headers))
                 headers = {**cache_headers, "x-scache-hit": "1"}
                 if body.stream:
                     return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
@@ -83,16 +89,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
                                              media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
                 return JSONResponse(chat.completion_from_cache(body, result.answer, result.request_id,
                                                                service.upstream_model), headers=headers)
+            on_answer = _near_miss(components, result)
         started = time.perf_counter()
         response = await chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
-                                key_in_authorization=caller.consumed_authorization)
+                                      key_in_authorization=caller.consumed_authorization)
         if body.stream:
-            return await _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started)
+            return await _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started,
+                                       on_answer)
         metrics.upstream_latency.observe(time.perf_counter() - started)
     except chat.ChatError as exc:
         metrics.chat.labels(f"error_{exc.status}").inc()
         return chat_error(exc)
-    return await _relay(cache, metrics, query, identity, body, response, cache_headers)
+    return await _relay(cache, metrics, query, identity, body, response, cache_headers, on_answer)
+
+
+def _near_miss(components: Components, result) -> Callable[[str | None], object] | None:
+    """Hands a miss's upstream answer to the shadow checker (a near-miss is compared with its nearest
+    candidate's answer, in the background)."""
+    shadow = components.shadow
+    return None if shadow is None else (lambda answer: shadow.after_miss(result, answer))
 
 
 def chat_error(exc: chat.ChatError) -> JSONResponse:
@@ -120,7 +135,8 @@ def bypass_event(components: Components, body: ChatCompletionRequest, identity: 
 
 
 async def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
-           body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict):
+                 body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict,
+                 on_answer: Callable[[str | None], object] | None = None):
     """Return the upstream answer; cache it when it is a complete, successful one."""
     headers = {**cache_headers, "x-scache-hit": "0"}
     try:
@@ -136,8 +152,10 @@ async def _relay(cache: SemanticCache, metrics: ServiceMetrics, query: str | Non
         metrics.chat.labels("upstream_invalid").inc()
         return openai_error(502, "upstream answered 200 with JSON that is not an object",
                             code="upstream_invalid", headers=headers)
-    stored = await _store_reply(cache, query, identity, chat.answer_of(completion),
-                          str(completion.get("model") or body.model or ""))
+    answer = chat.answer_of(completion)
+    stored = await _store_reply(cache, query, identity, answer, str(completion.get("model") or body.model or ""))
+    if on_answer is not None:
+        on_answer(answer)
     metrics.chat.labels("forwarded").inc()
     if body.stream:  # an upstream that ignored stream=true: the client still gets a stream
         return StreamingResponse(chat.chunks_of_completion(completion, body), media_type="text/event-stream",
@@ -162,7 +180,8 @@ async def _store_reply(cache: SemanticCache, query: str | None, identity: dict, 
 
 
 async def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: str | None, identity: dict,
-                  body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float):
+                        body: ChatCompletionRequest, response: httpx.Response, cache_headers: dict, started: float,
+                        on_answer: Callable[[str | None], object] | None = None):
     """Relay a streamed upstream answer; cache it once the stream finished with "stop".
 
     An error status (or a body that is not an event stream) is read whole and answered
@@ -179,7 +198,7 @@ async def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: st
         finally:
             await response.aclose()
         metrics.upstream_latency.observe(time.perf_counter() - started)
-        return await _relay(cache, metrics, query, identity, body, response, cache_headers)
+        return await _relay(cache, metrics, query, identity, body, response, cache_headers, on_answer)
 
     async def finished(reply: chat.StreamedReply) -> None:
         metrics.upstream_latency.observe(time.perf_counter() - started)
@@ -189,6 +208,8 @@ async def _relay_stream(cache: SemanticCache, metrics: ServiceMetrics, query: st
                                                           "reason": reply.error})
             return
         stored = await _store_reply(cache, query, identity, reply.answer, reply.model or body.model or "")
+        if on_answer is not None:
+            on_answer(reply.answer)
         metrics.chat.labels("forwarded").inc()
         log.info("upstream stream relayed", extra={"request_id": cache_headers["x-scache-request-id"],
                                                    "chunks": reply.chunks, "stored": stored,

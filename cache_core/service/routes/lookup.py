@@ -4,14 +4,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from cache_core.service.auth import CallerDep
-from cache_core.service.deps import CacheDep
+from cache_core.service.deps import CacheDep, ShadowDep
 from cache_core.service.schemas import LookupRequest, LookupResponse
 
 router = APIRouter()
 
 
 @router.post("/v1/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, cache: CacheDep, caller: CallerDep, response: Response) -> LookupResponse:
+async def lookup(body: LookupRequest, cache: CacheDep, caller: CallerDep, response: Response,
+                 shadow: ShadowDep = None) -> LookupResponse:
     """Needs the read right on the namespace (a request naming none uses the key's). Async: it awaits
     the shared micro-batching encoder's future (concurrent requests still get batched) without a
     thread-pool hop."""
@@ -20,4 +21,6 @@ async def lookup(body: LookupRequest, cache: CacheDep, caller: CallerDep, respon
     result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
                                       namespace=namespace, scope=body.scope)
     response.headers["x-scache-request-id"] = result.request_id  # the access log's decision_id
+    if shadow is not None:  # never waits: a sampled hit is queued for a background check
+        shadow.after_hit(result, body.query)
     return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})

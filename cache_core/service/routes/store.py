@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from cache_core.types import StoreItem
+from cache_core.records import StoreItem
 from cache_core.service.auth import Caller, CallerDep
 from cache_core.service.deps import CacheDep, MetricsDep
 from cache_core.service.schemas import StoreBatchRequest, StoreBatchResponse, StoreRequest, StoreResponse

@@ -6,7 +6,7 @@ import pytest
 
 from cache_core.admission import EVICTION_GRACE_S
 from cache_core.cache import SemanticCache
-from cache_core.types import InvalidRequest, entry_bytes
+from cache_core.records import InvalidRequest, entry_bytes
 from cache_core.events import CacheEvent, ControlMessage
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment

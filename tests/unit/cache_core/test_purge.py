@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache_core.types import EntryMatch, InvalidRequest
+from cache_core.records import EntryMatch, InvalidRequest
 from cache_core.state.replication import EntryFollower
 from tests.unit.cache_core.helpers import ManualClock, TableEmbedder, unit_in_arm, unit_vec
 from tests.unit.cache_core.state.test_replication import KAFKA, MODEL, _deliver, _replica

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cache_core.cache import SemanticCache
-from cache_core.types import InvalidRequest, StoreItem
+from cache_core.records import InvalidRequest, StoreItem
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
 from cache_core.service.app import create_app

@@ -7,7 +7,7 @@ from cache_core.decision.judge import JUDGE_UNAVAILABLE, JUDGE_VETO, Unavailable
 from cache_core.decision.rule import HitRule
 from cache_core.decision.thresholds import threshold_for
 from cache_core.experiments import ArmConfig, CanaryConfig, JudgeConfig
-from cache_core.types import CacheEntry, Candidate
+from cache_core.records import CacheEntry, Candidate
 
 
 def candidate(query: str, similarity: float, answer: str = "a") -> Candidate:

@@ -10,7 +10,7 @@ import pytest
 from kafka import TopicPartition
 
 from cache_core.cache import SemanticCache
-from cache_core.types import EntryMatch
+from cache_core.records import EntryMatch
 from cache_core.clusters import FLEET_ID_MIN, ClusterModel, OnlineClusters
 from cache_core.events import EntryMessage
 from cache_core.experiments import ArmConfig

@@ -1,0 +1,1 @@
+"""Shadow checks: labels without waiting for users (``checker``, ``equivalence``)."""
