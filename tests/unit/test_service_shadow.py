@@ -18,7 +18,7 @@ from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from infra.runtime import wait_until
 from tests.unit.cache_core.helpers import RecordingPublisher
-from tests.unit.test_service_chat_admin import Served, chat
+from tests.unit.cache_core.service.test_service_chat_admin import Served, chat
 
 STALL_S = 8.0
 
@@ -54,7 +54,7 @@ def upstream():
 
 
 def make_client(embedder, upstream, publisher, **shadow):
-    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1"},
+    settings = Settings(service={"upstream_url": f"http://127.0.0.1:{upstream.port}/v1", "open_access": True},
                         shadow={"hit_rate": 1.0, "equivalence": "exact", **shadow})
     config = ExperimentConfig(experiment_id="shadow-exp", salt="s", version=1,
                               arms=[ArmConfig(name="only", threshold=0.8)])
