@@ -34,7 +34,7 @@ from typing import Any
 from cache_core.events import FeedbackEvent
 from cache_core.settings import ShadowSettings
 from cache_core.shadow.equivalence import Equivalence
-from cache_core.types import LookupResult
+from cache_core.records import LookupResult
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 from cache_core.settings import ShadowSettings
 from cache_core.shadow.checker import Budget, ShadowChecker
 from cache_core.shadow.equivalence import EmbeddingCosine, ExactMatch, normalise
-from cache_core.types import LookupResult
+from cache_core.records import LookupResult
 from tests.unit.cache_core.helpers import ManualClock
 from infra.runtime import wait_until
 
