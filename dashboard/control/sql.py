@@ -152,23 +152,25 @@ ORDER BY arm, intent_cluster, similarity_milli
 
 # Feedback-labelled hits per similarity bin: the what-if false-hit rate at t counts
 # the labelled hits with similarity >= t (for multi arms: those the current floor and
-# margin would still serve). Both tables are replacing: FINAL on each.
+# margin would still serve), by the threshold logged with each (threshold_milli: the
+# candidate t counts only labels of decisions logged at or below t). Both tables are replacing: FINAL on each.
 LABELLED_SIMILARITY_SQL = f"""
 SELECT e.arm AS arm,
        e.intent_cluster AS intent_cluster,
        toInt64(floor(e.similarity * 1000 + 1e-9)) AS similarity_milli,
+       toInt64(round(ifNull(e.threshold, 0) * 1000)) AS threshold_milli,
        countIf(f.verdict = 'correct') AS correct,
        countIf(f.verdict = 'wrong') AS wrong
 FROM (
     {_MULTI_WITH}
-    SELECT request_id, arm, intent_cluster, similarity FROM events_raw FINAL
+    SELECT request_id, arm, intent_cluster, similarity, threshold FROM events_raw FINAL
     {_DECISIONS_FILTER}
       AND decision = 'hit' AND similarity IS NOT NULL
       AND NOT (multi_row AND multi_refused)
 ) AS e
 INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
-GROUP BY arm, intent_cluster, similarity_milli
-ORDER BY arm, intent_cluster, similarity_milli
+GROUP BY arm, intent_cluster, similarity_milli, threshold_milli
+ORDER BY arm, intent_cluster, similarity_milli, threshold_milli
 """
 
 
@@ -453,7 +455,7 @@ COLUMNS: dict[str, list[str]] = {
     **{sql: ["arm", dim, *_SUMS] for dim, sql in BREAKDOWN_SQL.items()},
     SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks",
                           "multi_blocks", "multi_min_threshold"],
-    LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "correct", "wrong"],
+    LABELLED_SIMILARITY_SQL: ["arm", "intent_cluster", "similarity_milli", "threshold_milli", "correct", "wrong"],
     CLUSTER_EXAMPLES_SQL: ["intent_cluster", "examples", "texts"],
     MULTI_MARGIN_SQL: ["arm", "margin_milli", "decisions", "correct", "wrong"],
     MULTI_SCORE_SQL: ["arm", "config_version", "score_milli", "margin_milli", "decisions", "servable", "correct",

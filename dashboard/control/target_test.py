@@ -98,3 +98,29 @@ def test_against_target(stat: ProportionStat, target: float, alpha: float = DEFA
 
 
 test_against_target.__test__ = False  # a statistical test, not a pytest one
+
+
+MAX_BOUND_RATE = 0.75
+"""Highest rate the prior family centres on (its strength must stay positive); above it the
+upper bound is reported as 1."""
+
+
+def upper_confidence_bound(stat: ProportionStat, alpha: float = DEFAULT_ALPHA,
+                           relative_sd: float = DEFAULT_RELATIVE_SD) -> float | None:
+    """Time-uniform one-sided (1 - alpha) upper bound of the rate: the lowest rate p whose
+    "below" martingale (H0: rate >= p) has reached 1/alpha. It holds over every look at
+    once (a confidence sequence), so re-computing it on each auto-tune run spends no extra
+    alpha; None without trials."""
+    if stat.n == 0:
+        return None
+    limit = math.log(1 / alpha)
+    reached = lambda p: log_e_value(stat.successes, stat.n, p, "below", relative_sd) >= limit
+    low, high = max(stat.successes / stat.n, 1e-9), MAX_BOUND_RATE
+    if not reached(high):
+        return 1.0
+    if reached(low):
+        return low
+    for _ in range(50):  # bisection to ~1e-15 of the rate scale
+        mid = (low + high) / 2
+        low, high = (low, mid) if reached(mid) else (mid, high)
+    return high

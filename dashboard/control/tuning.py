@@ -2,9 +2,10 @@
 
 ``recommend`` picks, for one arm (or one intent cluster of it), the threshold with
 the highest estimated hit rate whose false-hit rate stays under the operator's
-target with confidence: the one-sided (1 - alpha) Clopper-Pearson upper bound of
-the false-hit rate among feedback-labelled hits at or above the threshold must be
-<= target. Guardrails: enough traffic and labels, at most ``max_step`` per change,
+target with confidence: the time-uniform (1 - alpha) upper bound of the false-hit rate
+among feedback-labelled hits at or above the threshold, split over the candidates, must
+be <= target (``whatif.threshold_table``; labels only from decisions logged at a threshold
+at or below the candidate). Guardrails: enough traffic and labels, at most ``max_step`` per change,
 and a cool-down since the arm's last change (from ``threshold_changes``).
 
 Labels exist only for served hits, so the false-hit rate below the lowest labelled
@@ -30,16 +31,15 @@ logged one (``multi_min_threshold``) are therefore unsupported and never recomme
 (The replays themselves are in ``whatif``; a multi arm's score floor and answer margin are
 tuned by ``tuning_multi``, canaries judged by ``canary``.)
 
-Known limits, not yet fixed (issue 26, items 2, 4 and 5): the bound is a one-pass
-Clopper-Pearson bound per candidate, so re-running on a rolling window (``autotune
---every``) and choosing among ~13 candidates spends alpha again each time (a time-uniform
-bound split over the candidates would not: at 1 wrong of 156 labels it is 7.2% where this
-one is 3.0%, so it needs several times the labels); labels from windows that ran a higher
-threshold are pooled with those at the candidate, which flatters low candidates; labels are
-taken as a random sample of hits; and the estimated hit rate holds the cache's contents
-fixed (a cache stores an entry on each miss, so a lower threshold also changes what is
-stored). A change goes out as a canary by default, whose measured false-hit rate the exact
-test of ``canary`` judges.
+Re-runs: the bound holds over every look and for all candidates of a pass at once, so
+``autotune --every`` on a rolling window does not spend alpha again on each run (at 1 wrong
+of 156 labels and 13 candidates it is 7.2% where a one-pass Clopper-Pearson bound is 3.0%:
+it needs more labels). Known limits, not yet fixed (issue 26, items 2, 4 and 5): cluster
+changes and ``--canary-share 0`` go out without a canary; labels are taken as a random
+sample of hits; and the estimated hit rate holds the cache's contents fixed (a cache
+stores an entry on each miss, so a lower threshold also changes what is stored). A change
+goes out as a canary by default, whose measured false-hit rate the exact test of
+``canary`` judges.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from dashboard.control.changes import validate_threshold
 from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat, upper_bound
+from dashboard.control.target_test import upper_confidence_bound
 
 
 def _min_bin(threshold: float, bin_width: float) -> int:
@@ -123,25 +124,36 @@ def threshold_table(similarity_hist: pd.DataFrame, labelled: pd.DataFrame, thres
     bin) should already be narrowed to one arm (and cluster). ``supported``: labels reach
     down to the threshold and (multi arms, ``replayable``) it is not under the lowest
     logged cosine threshold.
+
+    The labels of a candidate t are those of decisions logged at a threshold at or below t
+    (``threshold_milli``, when the rows have it): a window that ran a higher threshold served
+    only the safer hits above it, and pooling its labels would flatter t. The upper bound is
+    the time-uniform one of ``target_test.upper_confidence_bound`` with alpha split evenly
+    over the candidates: it holds for every candidate of the table at once and over every
+    re-run on a rolling window, so repeated auto-tune passes do not spend alpha again.
     """
     thresholds = np.asarray(list(thresholds), dtype="float64")
     hist = similarity_hist
     decisions = int(hist["decisions"].sum()) if not hist.empty else 0
     sims = _bins(hist.assign(servable=servable(hist)) if not hist.empty else hist, ["servable"])
-    labels = _bins(labelled, ["correct", "wrong"])
     est_hits = _at_or_above(sims, "servable", thresholds)
-    wrong = _at_or_above(labels, "wrong", thresholds)
-    n_labelled = wrong + _at_or_above(labels, "correct", thresholds)
-    lowest_label = labels["similarity_milli"].min() * BIN_WIDTH if not labels.empty else math.inf
     floor = replay_floor(hist)
+    split = alpha / max(len(thresholds), 1)
     rows = []
-    for t, hits, n, w in zip(thresholds, est_hits, n_labelled, wrong):
-        stat = ProportionStat(int(n), int(w))
+    for t, hits in zip(thresholds, est_hits):
+        mine = labelled
+        if "threshold_milli" in labelled.columns and not labelled.empty:
+            mine = labelled[labelled["threshold_milli"] <= round(t / BIN_WIDTH) + 1e-9]
+        labels = _bins(mine, ["correct", "wrong"])
+        w = int(_at_or_above(labels, "wrong", np.array([t]))[0])
+        n = w + int(_at_or_above(labels, "correct", np.array([t]))[0])
+        lowest_label = labels["similarity_milli"].min() * BIN_WIDTH if not labels.empty else math.inf
+        stat = ProportionStat(n, w)
         replayable = floor is None or t >= floor - 1e-9
         rows.append({"threshold": round(float(t), 6), "decisions": decisions, "est_hits": int(hits),
                      "est_hit_rate": hits / decisions if decisions else None,
-                     "labelled": int(n), "wrong": int(w), "false_hit_rate": stat.rate,
-                     "false_hit_upper": upper_bound(stat, alpha), "replayable": replayable,
+                     "labelled": n, "wrong": w, "false_hit_rate": stat.rate,
+                     "false_hit_upper": upper_confidence_bound(stat, split), "replayable": replayable,
                      "supported": bool(t >= lowest_label - 1e-9) and replayable})
     return pd.DataFrame(rows)
 

@@ -124,10 +124,11 @@ def autotune_section(view: View, config) -> None:
         candidates = rec.candidates[rec.candidates["replayable"]]
         st.altair_chart(charts.tuning_curve(candidates, guardrails.target_false_hit_rate, rec.current,
                                             rec.recommended), use_container_width=True)
-        st.caption("Recommended: the highest estimated hit rate whose one-sided 95% Clopper-Pearson upper bound "
-                   "of the false-hit rate (labelled hits at or above the threshold) stays under the target. The hit "
-                   "rate is replayed with the cache contents held fixed, the bound is valid for one look at one "
-                   "candidate and treats labels as a random sample of hits: try changes as a canary, whose "
+        st.caption("Recommended: the highest estimated hit rate whose 95% upper bound of the false-hit rate "
+                   "(labelled hits at or above the threshold, from decisions logged at or below it) stays under the "
+                   "target. The bound holds over every re-run and all candidates at once (a Beta-mixture confidence "
+                   "sequence, alpha split over the candidates). The hit rate is replayed with the cache contents "
+                   "held fixed and labels are taken as a random sample of hits: try changes as a canary, whose "
                    "measured false-hit rate decides.")
     if rules:
         st.caption(f"Multi-similarity arms ({', '.join(r.arm for r in rules)}): estimates re-apply each arm's "

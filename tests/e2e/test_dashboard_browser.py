@@ -1,12 +1,14 @@
 """The dashboard in a real headless Chromium: `streamlit run` on a seeded warehouse.
 
-Streamlit renders client-side over a websocket, so the page is driven over the
-DevTools protocol (tests/e2e/cdp.py): wait until the Altair chart is drawn, check
-the DOM for the chart and the arm names, and keep a screenshot under
-tests/artifacts/ for a human to look at.
+Playwright drives Debian's chromium (``executable_path``; no browser download). Streamlit renders
+client-side over a websocket, so each test waits until the Altair chart is drawn, checks the DOM for
+the chart and the arm names, and keeps a screenshot under tests/artifacts/ for a human to look at.
+A failing test also leaves a Playwright trace there (``playwright show-trace`` opens it) and a
+screenshot of the page as it was.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 import urllib.request
@@ -14,17 +16,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page, sync_playwright
 
 from cache_core.chclient import connect
 from cache_core.publish.control_topic import read_latest_configs
 from cache_core.settings import KafkaSettings
 from infra.kafka.topics import ensure_topics
 from infra.runtime import REPO_ROOT, free_port, spawn, wait_until
-from tests.e2e.cdp import CHROMIUM, Chromium
 from tests.fixtures import dashboard_seed as seed
 
 pytestmark = pytest.mark.e2e
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHART_DRAWN = ("document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length > 0 && "
                "document.body.innerText.includes('treatment')")
 
@@ -46,8 +49,6 @@ def control_kafka(kafka_broker):
 @pytest.fixture(scope="module")
 def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
     """`streamlit run dashboard/Home.py` on a free port against a freshly seeded experiment."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
     tmp = tmp_path_factory.mktemp("dashboard")
     experiment_id = f"browser-{uuid.uuid4().hex[:6]}"
     client = connect(ch_settings)
@@ -76,13 +77,57 @@ def dashboard(warehouse, ch_settings, control_kafka, tmp_path_factory):
         service.stop()
 
 
-def test_page_renders_chart_and_arms(dashboard, tmp_path):
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's chromium under Playwright, once for the module."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture()
+def page(chromium, dashboard, request):
+    """A fresh page on the dashboard, traced; on failure the trace and a screenshot stay in tests/artifacts/."""
+    context = chromium.new_context(viewport={"width": 1400, "height": 2600})
+    context.tracing.start(screenshots=True, snapshots=True)
+    page = context.new_page()
+    page.goto(dashboard[0])
+    failed_before = request.session.testsfailed
+    try:
+        yield page
+    finally:
+        name = request.node.name.replace("/", "_")
+        if request.session.testsfailed > failed_before:  # the call's report is counted before teardown
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=ARTIFACTS / f"failed-{name}.png", full_page=True)
+            context.tracing.stop(path=ARTIFACTS / f"trace-{name}.zip")
+        else:
+            context.tracing.stop()
+        context.close()
+
+
+def wait_for(page: Page, expression: str, timeout_s: float) -> None:
+    """Until a JavaScript boolean expression holds (polled in the page)."""
+    page.wait_for_function(expression, timeout=timeout_s * 1000, polling=500)
+
+
+def screenshot(page: Page, path: Path) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=path, full_page=True)
+    return path
+
+
+def test_page_renders_chart_and_arms(dashboard, page):
     url, experiment_id, service = dashboard
-    with Chromium(url, tmp_path / "profile", height=2600) as browser:
-        browser.wait_for(CHART_DRAWN, timeout_s=90)
-        dom = browser.dom()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = browser.screenshot(ARTIFACTS / "dashboard.png")
+    wait_for(page, CHART_DRAWN, timeout_s=90)
+    dom = page.content()
+    shot = screenshot(page, ARTIFACTS / "dashboard.png")
     assert experiment_id in dom
     assert "control" in dom and "treatment" in dom
     assert "vega-embed" in dom
@@ -105,42 +150,40 @@ CLICK_BUTTON = ("(() => { const b = Array.from(document.querySelectorAll('button
                 ".find(b => b.innerText.trim() === %r && b.offsetParent !== null); if (b) b.click(); return !!b; })()")
 
 
-@pytest.mark.parametrize("page,marker,shot", [
+@pytest.mark.parametrize("title,marker,shot", [
     ("Time series", "dashed lines mark threshold changes", "dashboard-timeseries.png"),
     ("Attribution", "Kitagawa", "dashboard-attribution.png"),
 ])
-def test_page_draws_its_charts(dashboard, tmp_path, page, marker, shot):
-    url, _, service = dashboard
-    with Chromium(url, tmp_path / "profile", height=2600) as browser:
-        browser.wait_for(CHART_DRAWN, timeout_s=90)
-        assert browser.evaluate(OPEN_PAGE % page)
-        browser.wait_for(f"document.body.innerText.includes({marker!r})", 30)
-        browser.wait_for(VISIBLE_CHART, 30)
-        time.sleep(1.5)  # let vega finish its transition before the picture
-        browser.screenshot(ARTIFACTS / shot)
-        assert "Traceback" not in browser.dom(), service.log_path.read_text()[-2000:]
-        if page == "Time series":  # every time label once (Vega's own ticks printed minutes twice)
-            labels = browser.evaluate(TIME_AXIS_LABELS)
-            assert labels and len(labels) == len(set(labels)), labels
+def test_page_draws_its_charts(dashboard, page, title, marker, shot):
+    _, _, service = dashboard
+    wait_for(page, CHART_DRAWN, timeout_s=90)
+    assert page.evaluate(OPEN_PAGE % title)
+    wait_for(page, f"document.body.innerText.includes({marker!r})", 30)
+    wait_for(page, VISIBLE_CHART, 30)
+    time.sleep(1.5)  # let vega finish its transition before the picture
+    screenshot(page, ARTIFACTS / shot)
+    assert "Traceback" not in page.content(), service.log_path.read_text()[-2000:]
+    if title == "Time series":  # every time label once (Vega's own ticks printed minutes twice)
+        labels = page.evaluate(TIME_AXIS_LABELS)
+        assert labels and len(labels) == len(set(labels)), labels
 
 
-def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, control_kafka, tmp_path):
-    url, experiment_id, service = dashboard
-    with Chromium(url, tmp_path / "profile", height=2600) as browser:
-        browser.wait_for(CHART_DRAWN, timeout_s=90)
-        assert browser.evaluate(OPEN_PAGE % "Control panel")
-        browser.wait_for("document.querySelector('input[aria-label=\"Your name\"]') !== null", 30)
-        browser.wait_for(VISIBLE_CHART, 30)
-        assert browser.evaluate(SET_INPUT % ("Your name", "browser-test"))
-        time.sleep(1)
-        assert browser.evaluate(SET_INPUT % ("New threshold", "0.850"))
-        time.sleep(1.5)
-        browser.screenshot(ARTIFACTS / "dashboard-control.png")
-        assert browser.evaluate(CLICK_BUTTON % "Push")
-        browser.wait_for("document.body.innerText.includes('as config version 2')", 60)
-        browser.wait_for(VISIBLE_CHART, 30)
-        time.sleep(3)  # the page re-runs after a push; let its tables and charts settle
-        browser.screenshot(ARTIFACTS / "dashboard-control-pushed.png")
+def test_threshold_push_from_the_browser_reaches_the_control_topic(dashboard, control_kafka, page):
+    _, experiment_id, service = dashboard
+    wait_for(page, CHART_DRAWN, timeout_s=90)
+    assert page.evaluate(OPEN_PAGE % "Control panel")
+    wait_for(page, "document.querySelector('input[aria-label=\"Your name\"]') !== null", 30)
+    wait_for(page, VISIBLE_CHART, 30)
+    assert page.evaluate(SET_INPUT % ("Your name", "browser-test"))
+    time.sleep(1)
+    assert page.evaluate(SET_INPUT % ("New threshold", "0.850"))
+    time.sleep(1.5)
+    screenshot(page, ARTIFACTS / "dashboard-control.png")
+    assert page.evaluate(CLICK_BUTTON % "Push")
+    wait_for(page, "document.body.innerText.includes('as config version 2')", 60)
+    wait_for(page, VISIBLE_CHART, 30)
+    time.sleep(3)  # the page re-runs after a push; let its tables and charts settle
+    screenshot(page, ARTIFACTS / "dashboard-control-pushed.png")
     pushed = read_latest_configs(control_kafka)[experiment_id]
     assert pushed.experiment.version == 2 and pushed.actor == "browser-test"
     assert pushed.experiment.arm("control").threshold == pytest.approx(0.85)

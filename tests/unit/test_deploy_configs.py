@@ -163,3 +163,11 @@ def test_kustomize_renders_each_folder(folder):
     assert run.returncode == 0, run.stderr
     kinds = [doc["kind"] for doc in yaml.safe_load_all(run.stdout) if doc]
     assert len(kinds) == sum(len(_docs(p)) for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_no_image_step_hides_its_failure():
+    """A build step that fails (the ONNX export above all) fails the image build: no ``|| true``."""
+    for dockerfile in sorted(DEPLOY.glob("*Dockerfile")):
+        for number, line in enumerate(dockerfile.read_text().splitlines(), 1):
+            if not line.lstrip().startswith("#"):
+                assert "|| true" not in line, f"{dockerfile.name}:{number}: {line.strip()}"

@@ -8,6 +8,7 @@ from dashboard.control import tuning, tuning_multi, whatif
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
+from dashboard.control.stats import upper_bound as stats_upper
 
 NOW = 10_000_000
 
@@ -431,3 +432,32 @@ def test_recommend_multi_all_skips_cosine_arms_and_canaries():
     recs = tuning_multi.recommend_multi_all(config, hist, {1: config}, G, now_ms=NOW)
     assert [r.arm for r in recs] == ["m"]
     assert recs[0].recommended_floor == pytest.approx(0.515)
+
+
+# -- re-runs: a time-uniform bound split over the candidates; labels at or below each -----
+
+def test_the_bound_is_time_uniform_and_split_over_the_candidates():
+    from dashboard.control.target_test import upper_confidence_bound
+
+    labels = pd.DataFrame({"arm": "a", "intent_cluster": 1, "similarity_milli": [870], "correct": [155], "wrong": [1]})
+    one = whatif.threshold_table(_hist(), labels, [0.87]).iloc[0]
+    thirteen = whatif.threshold_table(_hist(), labels, np.round(np.arange(0.87, 0.9301, 0.005), 3)).iloc[0]
+    assert round(one["false_hit_upper"], 5) == round(upper_confidence_bound(ProportionStat(156, 1), 0.05), 5)
+    assert round(thirteen["false_hit_upper"], 5) == 0.07235  # 1 of 156 at alpha 0.05 / 13 (Clopper-Pearson: 0.030)
+    assert thirteen["false_hit_upper"] > one["false_hit_upper"] > stats_upper(ProportionStat(156, 1))
+
+
+def test_labels_logged_at_a_higher_threshold_do_not_vouch_for_a_lower_one():
+    """A window at 0.90 served only hits >= 0.90 (all correct here); a window at 0.85 served the
+    0.85-0.90 band too (40% wrong there). Pooled, 0.85 looked safe; per window it does not."""
+    band = pd.DataFrame({"arm": "a", "intent_cluster": 1, "similarity_milli": np.arange(850, 900),
+                         "threshold_milli": 850, "correct": 3, "wrong": 2})
+    safe_then = pd.DataFrame({"arm": "a", "intent_cluster": 1, "similarity_milli": np.arange(900, 1000),
+                              "threshold_milli": 900, "correct": 50, "wrong": 0})
+    safe_now = safe_then.assign(threshold_milli=850, correct=5)
+    labels = pd.concat([band, safe_then, safe_now])
+    table = whatif.threshold_table(_hist(), labels, [0.85, 0.90]).set_index("threshold")
+    assert table.at[0.85, "labelled"] == 250 + 500 and table.at[0.85, "wrong"] == 100  # the 0.90 window left out
+    assert table.at[0.90, "labelled"] == 5000 + 500
+    pooled = whatif.threshold_table(_hist(), labels.drop(columns="threshold_milli"), [0.85]).iloc[0]
+    assert pooled["false_hit_rate"] < 0.02 < table.at[0.85, "false_hit_rate"]
