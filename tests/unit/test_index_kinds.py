@@ -17,6 +17,7 @@ SPECS = [
     IndexSpec("sq_fp16"), IndexSpec("sq_int8"), IndexSpec("sq_int4"),
     IndexSpec("hnsw_sq_fp16", hnsw_m=16), IndexSpec("hnsw_sq_int8", hnsw_m=16),
     IndexSpec("hnsw_sq_int4", hnsw_m=16),
+    IndexSpec("ivf_sq_int8", ivf_nlist=4, ivf_nprobe=2),
     IndexSpec("ivf_pq", ivf_nlist=4, ivf_nprobe=4, pq_m=16, pq_nbits=4, ann_candidates=64),
     IndexSpec("semhash", semhash_tables=8, semhash_radius=2, ann_candidates=100),
 ]
@@ -106,6 +107,7 @@ def test_bytes_per_entry_follow_the_code_size(vectors):
     assert sizes["sq_int8"] == pytest.approx(flat_bytes / 4 + id_bytes, rel=0.05)
     assert sizes["sq_int4"] == pytest.approx(flat_bytes / 8 + id_bytes, rel=0.1)
     assert sizes["hnsw_sq_int8"] > sizes["sq_int8"]  # plus the graph's links
+    assert sizes["ivf_sq_int8"] == pytest.approx(sizes["sq_int8"], rel=0.1)
     assert sizes["ivf_pq"] < sizes["sq_int8"]
     assert sizes["semhash"] == 8 + 8 + 8 * 8
 
