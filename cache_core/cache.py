@@ -30,6 +30,7 @@ from cache_core.clusters import OnlineClusters
 from cache_core.decision.judge import judge_config
 from cache_core.decision.rule import HitRule
 from cache_core.emit import MAX_CHECK_BACKLOG, EventEmitter, EventSink, LookupRecord, entry_snapshot
+from cache_core.embedding.cache import CachedEmbedding, EmbeddingCache
 from cache_core.embedding.embedder import Embedder
 from cache_core.events import Verdict
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig, assign
@@ -62,8 +63,10 @@ class SemanticCache:
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
                  event_executor=None, ann_checker=None, feedback_memory: int = 100_000,
-                 hit_rule: HitRule | None = None):
+                 hit_rule: HitRule | None = None, embedding_cache: EmbeddingCache | None = None):
         self.embedder = embedder
+        self.embedding_cache = embedding_cache
+        """Exact-text LRU in front of ``embedder`` (None: every text is encoded)."""
         self.registry = registry
         self.clock = clock
         self.default_ttl_s = default_ttl_s
@@ -101,7 +104,12 @@ class SemanticCache:
         self._check_query(query, unit_id, namespace, scope)
         started = time.perf_counter()
         experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
+        cached = self._cached_embedding(query)
+        if cached is not None:
+            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                        query, unit_id, namespace, scope)
         vecs, norms = self.embedder.encode_with_norms([query])
+        self._remember([query], vecs, norms, started)
         req = self._request(experiment, unit_id, vecs[0], norms[0], started)
         return self._lookup_encoded(req, query, unit_id, namespace, scope)
 
@@ -114,11 +122,16 @@ class SemanticCache:
         self._check_query(query, unit_id, namespace, scope)
         started = time.perf_counter()
         experiment = self.registry.get(experiment_id)
+        cached = self._cached_embedding(query)
+        if cached is not None:
+            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                        query, unit_id, namespace, scope)
         submit = getattr(self.embedder, "submit", None)
         if submit is not None:
             vecs, norms = await asyncio.wrap_future(submit([query]))
         else:
             vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])
+        self._remember([query], vecs, norms, started)
         req = self._request(experiment, unit_id, vecs[0], norms[0], started)
         return self._lookup_encoded(req, query, unit_id, namespace, scope)
 
@@ -209,7 +222,7 @@ class SemanticCache:
         first: a bad one (InvalidRequest naming its index, UnknownExperiment) stores nothing."""
         experiments = [self._checked(n, item, len(items)) for n, item in enumerate(items)]
         started = time.perf_counter()
-        vecs, norms = self.embedder.encode_with_norms([item.query for item in items])
+        vecs, norms = self._encode_many([item.query for item in items])
         results: list[list[StoreResult]] = []
         stored: list[tuple[Partition, CacheEntry]] = []
         for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
@@ -362,6 +375,39 @@ class SemanticCache:
                        assignment_prob=assignment.probability, vec=vec, l2_norm=float(norm),
                        cluster=self.clusters.assign(vec, update=update_clusters),
                        embed_ms=embed_ms, started=started, variant=assignment.variant)
+
+    # -- embedding cache ----------------------------------------------------------------
+
+    def _cached_embedding(self, query: str) -> CachedEmbedding | None:
+        return None if self.embedding_cache is None else self.embedding_cache.get(query)
+
+    def _remember(self, texts: list[str], vecs: np.ndarray, norms: np.ndarray, started: float) -> None:
+        if self.embedding_cache is not None:
+            self.embedding_cache.put_many(texts, vecs, norms, (time.perf_counter() - started) * 1000)
+
+    def _request_cached(self, experiment: ExperimentConfig, unit_id: str, cached: CachedEmbedding,
+                        started: float) -> Request:
+        req = self._request(experiment, unit_id, cached.vec, cached.norm, started)
+        req.embed_cached, req.embed_saved_ms = True, cached.saved_ms
+        return req
+
+    def _encode_many(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_with_norms`` through the embedding cache: only the texts it lacks are encoded."""
+        if self.embedding_cache is None:
+            return self.embedder.encode_with_norms(texts)
+        found = [self.embedding_cache.get(text) for text in texts]
+        missing = [i for i, hit in enumerate(found) if hit is None]
+        vecs = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        norms = np.zeros(len(texts), dtype=np.float32)
+        if missing:
+            started = time.perf_counter()
+            fresh, fresh_norms = self.embedder.encode_with_norms([texts[i] for i in missing])
+            self._remember([texts[i] for i in missing], fresh, fresh_norms, started)
+            vecs[missing], norms[missing] = fresh, fresh_norms
+        for i, hit in enumerate(found):
+            if hit is not None:
+                vecs[i], norms[i] = hit.vec, hit.norm
+        return vecs, norms
 
     def _sample(self, rate: float) -> bool:
         with self._rng_lock:

@@ -142,7 +142,8 @@ class EventEmitter:
             intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry,
             index_kind=record.index_kind, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,
-            embed_ms=req.embed_ms, search_ms=record.search_ms, latency_ms=record.latency_ms,
+            embed_ms=req.embed_ms, embed_cached=req.embed_cached, embed_saved_ms=req.embed_saved_ms,
+            search_ms=record.search_ms, latency_ms=record.latency_ms,
             query_chars=len(record.query),
             query_text=record.query if self.emit_query_text else None,
         )

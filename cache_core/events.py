@@ -94,6 +94,11 @@ class CacheEvent(BaseModel):
     judge_ms: float | None = None
     """Time the judge added to the lookup."""
     embed_ms: float = 0.0
+    embed_cached: bool = False
+    """The query's embedding came from the embedding cache (exact text seen before): the
+    encoder did not run."""
+    embed_saved_ms: float = 0.0
+    """On an embedding-cache hit, the encode time it saved (the recent mean per text); else 0."""
     search_ms: float = 0.0
     latency_ms: float = 0.0
     query_chars: int = 0

@@ -203,3 +203,6 @@ class Request:
     """perf_counter() when the request arrived."""
     variant: Variant = "base"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    embed_cached: bool = False
+    """The embedding came from the embedding cache (the encoder did not run)."""
+    embed_saved_ms: float = 0.0
