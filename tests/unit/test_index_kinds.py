@@ -17,7 +17,7 @@ SPECS = [
     IndexSpec("sq_fp16"), IndexSpec("sq_int8"), IndexSpec("sq_int4"),
     IndexSpec("hnsw_sq_fp16", hnsw_m=16), IndexSpec("hnsw_sq_int8", hnsw_m=16),
     IndexSpec("hnsw_sq_int4", hnsw_m=16),
-    IndexSpec("ivf_sq_int8", ivf_nlist=4, ivf_nprobe=2),
+    IndexSpec("ivf_sq_int8", ivf_nlist=4, ivf_nprobe=4),
     IndexSpec("ivf_pq", ivf_nlist=4, ivf_nprobe=4, pq_m=16, pq_nbits=4, ann_candidates=64),
     IndexSpec("semhash", semhash_tables=8, semhash_radius=2, ann_candidates=100),
 ]
