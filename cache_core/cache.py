@@ -26,6 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from cache_core import admission
+from cache_core.adaptive_ttl import AdaptiveLifetimes
 from cache_core.clusters import OnlineClusters
 from cache_core.decision.judge import judge_config
 from cache_core.decision.rule import HitRule
@@ -67,6 +68,8 @@ class SemanticCache:
         self.embedder = embedder
         self.embedding_cache = embedding_cache
         """Exact-text LRU in front of ``embedder`` (None: every text is encoded)."""
+        self.lifetimes = AdaptiveLifetimes()
+        """The adaptive TTL policy's state per store (cache_core.adaptive_ttl)."""
         self.registry = registry
         self.clock = clock
         self.default_ttl_s = default_ttl_s
@@ -159,12 +162,12 @@ class SemanticCache:
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
             if not judged:
-                decision = self._decide_and_touch(partition, query, outcome, arm, req, now)
+                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+                ttl_fields = self._touch(partition, decision, outcome, arm, now)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
             decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
             with partition.lock:
-                if decision.hit and decision.served.entry.entry_id in partition.entries:
-                    partition.touch(decision.served.entry, now)
+                ttl_fields = self._touch(partition, decision, outcome, arm, now)
         shown = decision.served or outcome.best
         snapshot = entry_snapshot(shown, now)
         record = LookupRecord(
@@ -175,7 +178,7 @@ class SemanticCache:
             ts_ms=int(now * 1000), latency_ms=(time.perf_counter() - req.started) * 1000,
             similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
             judge_version=decision.judge_version, judge_probability=decision.judge_probability,
-            judge_ms=decision.judge_ms)
+            judge_ms=decision.judge_ms, ttl_fields=ttl_fields)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -189,11 +192,17 @@ class SemanticCache:
                                                            req.arm_name, served.entry_id, unit_id))
         return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
-    def _decide_and_touch(self, partition, query, outcome, arm, req, now):
-        decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
-        if decision.hit:
-            partition.touch(decision.served.entry, now)
-        return decision
+    def _touch(self, partition: Partition, decision, outcome, arm, now: float) -> dict:
+        """Under the store's lock, after the decision: the adaptive TTL learns from the lookup and
+        renews the served entry's lifetime, then the served entry (if still there) is touched.
+        Returns the adaptive TTL's event fields (none on other arms)."""
+        served = decision.served.entry if decision.hit else None
+        if served is not None and served.entry_id not in partition.entries:
+            served = None  # removed while a judge ran
+        ttl_fields = self.lifetimes.after_lookup(partition, arm, outcome, decision.threshold, served, now)
+        if served is not None:
+            partition.touch(served, now)
+        return ttl_fields
 
     def ann_check_stats(self) -> dict | None:
         """The batched checker's counts (checks run, batches, drops by reason), if any."""
@@ -266,6 +275,7 @@ class SemanticCache:
         with self.stores.live(lambda: self.stores.for_arm(item.namespace, req.experiment, arm)) as partition:
             now = self.clock()
             entry = admission.new_entry(item, arm, req.vec, req.cluster, now, self.default_ttl_s)
+            self.lifetimes.on_store(partition, arm, entry, item.ttl_s is not None, now)
             result = admission.admit(partition, entry, result, now)
         if result.stored:
             stored.append((partition, entry))

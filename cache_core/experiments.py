@@ -15,7 +15,7 @@ IndexKind = Literal["flat", "ivf", "hnsw", "sq_fp16", "sq_int8", "sq_int4",
                     "hnsw_sq_fp16", "hnsw_sq_int8", "hnsw_sq_int4", "ivf_sq_fp16", "ivf_sq_int8",
                     "ivf_sq_int4", "ivf_pq", "semhash"]
 """What each kind keeps and how it searches: cache_core.index_kinds."""
-TtlPolicy = Literal["absolute", "sliding"]
+TtlPolicy = Literal["absolute", "sliding", "adaptive"]
 PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]
 
@@ -134,6 +134,11 @@ class ArmConfig(_Closed):
     """Compressed and hashed kinds: candidates taken from the structure and re-scored exactly."""
     ttl_policy: TtlPolicy = "absolute"
     ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    """absolute / sliding: the entries' lifetime (renewed by each hit when sliding)."""
+    ttl_min_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    ttl_max_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """adaptive: each entry's predicted lifetime (cache_core.lifetime) is clamped to
+    [ttl_min_s, ttl_max_s] and re-predicted at each hit (never past max_age_s)."""
     max_age_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     guards: list[GuardName] = Field(default_factory=list)
     capacity_entries: int = Field(100_000, ge=1)
@@ -156,6 +161,12 @@ class ArmConfig(_Closed):
         if name == HOLDOUT_ARM:
             raise ValueError(f"arm name {HOLDOUT_ARM!r} is reserved")
         return name
+
+    @model_validator(mode="after")
+    def _ttl_range(self) -> "ArmConfig":
+        if self.ttl_min_s > self.ttl_max_s:
+            raise ValueError(f"arm {self.name!r}: ttl_min_s ({self.ttl_min_s}) is above ttl_max_s ({self.ttl_max_s})")
+        return self
 
     @model_validator(mode="after")
     def _multi_canary_on_multi_arm(self) -> "ArmConfig":
