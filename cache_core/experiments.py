@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 IndexKind = Literal["flat", "ivf", "hnsw", "sq_fp16", "sq_int8", "sq_int4",
                     "hnsw_sq_fp16", "hnsw_sq_int8", "hnsw_sq_int4", "ivf_sq_fp16", "ivf_sq_int8",
                     "ivf_sq_int4", "ivf_pq", "semhash"]
-"""What each kind keeps and how it searches: cache_core.index_kinds."""
+"""What each kind keeps and how it searches: cache_core.store.kinds."""
 TtlPolicy = Literal["absolute", "sliding", "adaptive"]
 PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]

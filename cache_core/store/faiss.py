@@ -5,7 +5,7 @@ keeps an exact ``IndexIDMap2(IndexFlatIP)`` over the same live vectors: it is
 the search structure for ``flat``, the pre-training fallback for the kinds that
 train (``ivf``, ``ivf_pq``, int8/int4 scalar quantisers), the source for rebuilds,
 the exact re-score of the compressed and hashed kinds' candidates, and the reference
-for ``exact_search`` (ANN precision). The kinds' structures: ``cache_core.index_kinds``.
+for ``exact_search`` (ANN precision). The kinds' structures: ``cache_core.store.kinds``.
 
 Deletion: kinds whose FAISS structure has ``remove_ids`` use it; the graph and hash
 kinds (``hnsw*``, ``semhash``) do not, so removed ids become tombstones filtered at
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from cache_core import index_kinds
+from cache_core.store import kinds as index_kinds
 from cache_core.experiments import ArmConfig, IndexKind
 
 # FAISS warns below ~39 training points per list; train only with that many.

@@ -1,4 +1,4 @@
-"""Compressed and hashed index kinds (cache_core.index_kinds behind VectorIndex): recall
+"""Compressed and hashed index kinds (cache_core.store.kinds behind VectorIndex): recall
 against exact search, exact re-scored similarities, removal, training fallback, bytes
 per entry, and the semantic hash's fingerprints and Hamming neighbourhood."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from cache_core import index_kinds
+from cache_core.store import kinds as index_kinds
 from cache_core.experiments import ArmConfig
-from cache_core.index import IndexSpec, VectorIndex
-from tests.unit.test_index import clustered_vectors, filled
+from cache_core.store.faiss import IndexSpec, VectorIndex
+from tests.unit.cache_core.store.test_faiss import clustered_vectors, filled
 
 DIM = 32
 SPECS = [
