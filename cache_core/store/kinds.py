@@ -77,10 +77,11 @@ def traits(spec) -> KindTraits:
     raise ValueError(f"unknown index kind {kind!r}")
 
 
-def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None = None):
+def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None = None,
+          train: np.ndarray | None = None):
     """A new ANN structure for ``spec`` (None for ``flat``: the exact twin answers),
-    trained on ``vecs`` when the kind trains, holding ``vecs`` under ``ids`` if given.
-    Everything it returns takes ``add_with_ids``, ``search`` and ``ntotal``."""
+    trained on ``train`` (default: ``vecs``) when the kind trains, holding ``vecs`` under
+    ``ids`` if given. Everything it returns takes ``add_with_ids``, ``search`` and ``ntotal``."""
     kind = spec.kind
     metric = faiss.METRIC_INNER_PRODUCT
     if kind == "flat":
@@ -125,7 +126,7 @@ def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None
         raise ValueError(f"unknown index kind {kind!r}")
     if vecs is not None and len(vecs):
         if not index.is_trained:
-            index.train(vecs)
+            index.train(vecs if train is None else train)
         index.add_with_ids(vecs, ids)
     return index
 
