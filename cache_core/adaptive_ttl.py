@@ -38,7 +38,7 @@ import numpy as np
 if TYPE_CHECKING:
     from cache_core.experiments import ArmConfig
     from cache_core.store.partition import Partition
-    from cache_core.types import CacheEntry, SearchOutcome
+    from cache_core.records import CacheEntry, SearchOutcome
 
 FEATURES = ("bias", "rate_volatility", "hit_trend", "memory_pressure", "entry_hits")
 GAP_FLOOR_S = 0.1

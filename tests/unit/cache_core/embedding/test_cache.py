@@ -89,7 +89,7 @@ def test_async_lookups_use_it_too():
 
 
 def test_a_batch_store_encodes_only_the_texts_it_lacks():
-    from cache_core.types import StoreItem
+    from cache_core.records import StoreItem
     cache, _ = counted_cache(embedding_cache=EmbeddingCache(100))
     cache.lookup("q", unit_id="u")
     cache.store_many([StoreItem("q", "a1", "u"), StoreItem("other", "a2", "u")])
