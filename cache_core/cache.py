@@ -26,10 +26,12 @@ from dataclasses import replace
 import numpy as np
 
 from cache_core import admission
+from cache_core.adaptive_ttl import AdaptiveLifetimes
 from cache_core.clusters import OnlineClusters
 from cache_core.decision.judge import judge_config
 from cache_core.decision.rule import HitRule
 from cache_core.emit import MAX_CHECK_BACKLOG, EventEmitter, EventSink, LookupRecord, entry_snapshot
+from cache_core.embedding.cache import CachedEmbedding, EmbeddingCache
 from cache_core.embedding.embedder import Embedder
 from cache_core.events import Verdict
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig, assign
@@ -62,8 +64,12 @@ class SemanticCache:
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
                  event_executor=None, ann_checker=None, feedback_memory: int = 100_000,
-                 hit_rule: HitRule | None = None):
+                 hit_rule: HitRule | None = None, embedding_cache: EmbeddingCache | None = None):
         self.embedder = embedder
+        self.embedding_cache = embedding_cache
+        """Exact-text LRU in front of ``embedder`` (None: every text is encoded)."""
+        self.lifetimes = AdaptiveLifetimes()
+        """The adaptive TTL policy's state per store (cache_core.adaptive_ttl)."""
         self.registry = registry
         self.clock = clock
         self.default_ttl_s = default_ttl_s
@@ -101,7 +107,12 @@ class SemanticCache:
         self._check_query(query, unit_id, namespace, scope)
         started = time.perf_counter()
         experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
+        cached = self._cached_embedding(query)
+        if cached is not None:
+            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                        query, unit_id, namespace, scope)
         vecs, norms = self.embedder.encode_with_norms([query])
+        self._remember([query], vecs, norms, started)
         req = self._request(experiment, unit_id, vecs[0], norms[0], started)
         return self._lookup_encoded(req, query, unit_id, namespace, scope)
 
@@ -114,11 +125,16 @@ class SemanticCache:
         self._check_query(query, unit_id, namespace, scope)
         started = time.perf_counter()
         experiment = self.registry.get(experiment_id)
+        cached = self._cached_embedding(query)
+        if cached is not None:
+            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                        query, unit_id, namespace, scope)
         submit = getattr(self.embedder, "submit", None)
         if submit is not None:
             vecs, norms = await asyncio.wrap_future(submit([query]))
         else:
             vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])
+        self._remember([query], vecs, norms, started)
         req = self._request(experiment, unit_id, vecs[0], norms[0], started)
         return self._lookup_encoded(req, query, unit_id, namespace, scope)
 
@@ -146,12 +162,12 @@ class SemanticCache:
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
             if not judged:
-                decision = self._decide_and_touch(partition, query, outcome, arm, req, now)
+                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+                ttl_fields = self._touch(partition, decision, outcome, arm, now)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
             decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
             with partition.lock:
-                if decision.hit and decision.served.entry.entry_id in partition.entries:
-                    partition.touch(decision.served.entry, now)
+                ttl_fields = self._touch(partition, decision, outcome, arm, now)
         shown = decision.served or outcome.best
         snapshot = entry_snapshot(shown, now)
         record = LookupRecord(
@@ -162,7 +178,7 @@ class SemanticCache:
             ts_ms=int(now * 1000), latency_ms=(time.perf_counter() - req.started) * 1000,
             similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
             judge_version=decision.judge_version, judge_probability=decision.judge_probability,
-            judge_ms=decision.judge_ms)
+            judge_ms=decision.judge_ms, ttl_fields=ttl_fields)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -176,11 +192,17 @@ class SemanticCache:
                                                            req.arm_name, served.entry_id, unit_id))
         return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
-    def _decide_and_touch(self, partition, query, outcome, arm, req, now):
-        decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
-        if decision.hit:
-            partition.touch(decision.served.entry, now)
-        return decision
+    def _touch(self, partition: Partition, decision, outcome, arm, now: float) -> dict:
+        """Under the store's lock, after the decision: the adaptive TTL learns from the lookup and
+        renews the served entry's lifetime, then the served entry (if still there) is touched.
+        Returns the adaptive TTL's event fields (none on other arms)."""
+        served = decision.served.entry if decision.hit else None
+        if served is not None and served.entry_id not in partition.entries:
+            served = None  # removed while a judge ran
+        ttl_fields = self.lifetimes.after_lookup(partition, arm, outcome, decision.threshold, served, now)
+        if served is not None:
+            partition.touch(served, now)
+        return ttl_fields
 
     def ann_check_stats(self) -> dict | None:
         """The batched checker's counts (checks run, batches, drops by reason), if any."""
@@ -209,7 +231,7 @@ class SemanticCache:
         first: a bad one (InvalidRequest naming its index, UnknownExperiment) stores nothing."""
         experiments = [self._checked(n, item, len(items)) for n, item in enumerate(items)]
         started = time.perf_counter()
-        vecs, norms = self.embedder.encode_with_norms([item.query for item in items])
+        vecs, norms = self._encode_many([item.query for item in items])
         results: list[list[StoreResult]] = []
         stored: list[tuple[Partition, CacheEntry]] = []
         for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
@@ -253,6 +275,7 @@ class SemanticCache:
         with self.stores.live(lambda: self.stores.for_arm(item.namespace, req.experiment, arm)) as partition:
             now = self.clock()
             entry = admission.new_entry(item, arm, req.vec, req.cluster, now, self.default_ttl_s)
+            self.lifetimes.on_store(partition, arm, entry, item.ttl_s is not None, now)
             result = admission.admit(partition, entry, result, now)
         if result.stored:
             stored.append((partition, entry))
@@ -362,6 +385,39 @@ class SemanticCache:
                        assignment_prob=assignment.probability, vec=vec, l2_norm=float(norm),
                        cluster=self.clusters.assign(vec, update=update_clusters),
                        embed_ms=embed_ms, started=started, variant=assignment.variant)
+
+    # -- embedding cache ----------------------------------------------------------------
+
+    def _cached_embedding(self, query: str) -> CachedEmbedding | None:
+        return None if self.embedding_cache is None else self.embedding_cache.get(query)
+
+    def _remember(self, texts: list[str], vecs: np.ndarray, norms: np.ndarray, started: float) -> None:
+        if self.embedding_cache is not None:
+            self.embedding_cache.put_many(texts, vecs, norms, (time.perf_counter() - started) * 1000)
+
+    def _request_cached(self, experiment: ExperimentConfig, unit_id: str, cached: CachedEmbedding,
+                        started: float) -> Request:
+        req = self._request(experiment, unit_id, cached.vec, cached.norm, started)
+        req.embed_cached, req.embed_saved_ms = True, cached.saved_ms
+        return req
+
+    def _encode_many(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_with_norms`` through the embedding cache: only the texts it lacks are encoded."""
+        if self.embedding_cache is None:
+            return self.embedder.encode_with_norms(texts)
+        found = [self.embedding_cache.get(text) for text in texts]
+        missing = [i for i, hit in enumerate(found) if hit is None]
+        vecs = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        norms = np.zeros(len(texts), dtype=np.float32)
+        if missing:
+            started = time.perf_counter()
+            fresh, fresh_norms = self.embedder.encode_with_norms([texts[i] for i in missing])
+            self._remember([texts[i] for i in missing], fresh, fresh_norms, started)
+            vecs[missing], norms[missing] = fresh, fresh_norms
+        for i, hit in enumerate(found):
+            if hit is not None:
+                vecs[i], norms[i] = hit.vec, hit.norm
+        return vecs, norms
 
     def _sample(self, rate: float) -> bool:
         with self._rng_lock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cache_core.events import CacheEvent
 from cache_core.publish.event_worker import InlineExecutor, PendingEvent
@@ -61,6 +61,8 @@ class LookupRecord:
     judge_version: str | None = None
     judge_probability: float | None = None
     judge_ms: float | None = None
+    ttl_fields: dict = field(default_factory=dict)
+    """Adaptive-TTL arms: the prediction and its inputs (``cache_core.adaptive_ttl.event_fields``)."""
 
     def result(self, pending: PendingEvent, served: CacheEntry | None = None,
                nearest: CacheEntry | None = None) -> LookupResult:
@@ -139,10 +141,11 @@ class EventEmitter:
             similarity_mode=record.similarity_mode, score=record.score,
             score_margin=record.score_margin, judge_version=record.judge_version,
             judge_probability=record.judge_probability, judge_ms=record.judge_ms,
-            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry,
+            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry, **record.ttl_fields,
             index_kind=record.index_kind, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,
-            embed_ms=req.embed_ms, search_ms=record.search_ms, latency_ms=record.latency_ms,
+            embed_ms=req.embed_ms, embed_cached=req.embed_cached, embed_saved_ms=req.embed_saved_ms,
+            search_ms=record.search_ms, latency_ms=record.latency_ms,
             query_chars=len(record.query),
             query_text=record.query if self.emit_query_text else None,
         )

@@ -81,6 +81,18 @@ class CacheEvent(BaseModel):
     entry_id: str | None = None
     entry_age_s: float | None = None
     entry_ttl_s: float | None = None
+    ttl_predicted_s: float | None = None
+    """Adaptive-TTL arms (cache_core.lifetime): the lifetime the policy predicted on this
+    decision, the served entry's renewed TTL on a hit, a new entry's on a miss (what the
+    reply stored for it gets, in the same context). Null on other arms and bypasses."""
+    ttl_rate_volatility: float | None = None
+    """Adaptive-TTL input: coefficient of variation of the store's recent request rate."""
+    ttl_hit_trend: float | None = None
+    """Adaptive-TTL input: the store's recent hit rate minus its longer-run hit rate."""
+    ttl_memory_pressure: float | None = None
+    """Adaptive-TTL input: the store's fill, the fuller of entries and bytes against capacity."""
+    ttl_entry_hits: int | None = None
+    """Adaptive-TTL input: the served entry's hits including this one (0 on a miss)."""
     index_kind: str = ""
     ann_checked: bool = False
     """Whether exact search was also run for this request to measure ANN precision."""
@@ -97,6 +109,11 @@ class CacheEvent(BaseModel):
     judge_ms: float | None = None
     """Time the judge added to the lookup."""
     embed_ms: float = 0.0
+    embed_cached: bool = False
+    """The query's embedding came from the embedding cache (exact text seen before): the
+    encoder did not run."""
+    embed_saved_ms: float = 0.0
+    """On an embedding-cache hit, the encode time it saved (the recent mean per text); else 0."""
     search_ms: float = 0.0
     latency_ms: float = 0.0
     query_chars: int = 0

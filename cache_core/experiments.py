@@ -11,8 +11,11 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-IndexKind = Literal["flat", "ivf", "hnsw"]
-TtlPolicy = Literal["absolute", "sliding"]
+IndexKind = Literal["flat", "ivf", "hnsw", "sq_fp16", "sq_int8", "sq_int4",
+                    "hnsw_sq_fp16", "hnsw_sq_int8", "hnsw_sq_int4", "ivf_sq_fp16", "ivf_sq_int8",
+                    "ivf_sq_int4", "ivf_pq", "semhash"]
+"""What each kind keeps and how it searches: cache_core.store.kinds."""
+TtlPolicy = Literal["absolute", "sliding", "adaptive"]
 PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]
 
@@ -117,8 +120,25 @@ class ArmConfig(_Closed):
     ivf_nprobe: int = Field(8, ge=1)
     hnsw_m: int = Field(32, ge=4)
     hnsw_ef_search: int = Field(64, ge=1)
+    pq_m: int = Field(48, ge=1, le=1024)
+    """ivf_pq: sub-quantizers per vector (bytes per code at 8 bits); must divide the dimension."""
+    pq_nbits: int = Field(8, ge=4, le=12)
+    """ivf_pq: bits per sub-quantizer code."""
+    semhash_tables: Literal[1, 2, 4, 8] = 4
+    """semhash: hash tables the 64-bit fingerprint is cut into (keys of 64/tables bits)."""
+    semhash_radius: int = Field(4, ge=0, le=8)
+    """semhash: bit flips of each table's key probed around the query's bucket."""
+    semhash_seed: int = Field(0, ge=0, le=2**32 - 1)
+    """semhash: seed of the random projection (replicas of an arm must agree)."""
+    ann_candidates: int = Field(16, ge=1, le=1024)
+    """Compressed and hashed kinds: candidates taken from the structure and re-scored exactly."""
     ttl_policy: TtlPolicy = "absolute"
     ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    """absolute / sliding: the entries' lifetime (renewed by each hit when sliding)."""
+    ttl_min_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    ttl_max_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """adaptive: each entry's predicted lifetime (cache_core.lifetime) is clamped to
+    [ttl_min_s, ttl_max_s] and re-predicted at each hit (never past max_age_s)."""
     max_age_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     guards: list[GuardName] = Field(default_factory=list)
     capacity_entries: int = Field(100_000, ge=1)
@@ -141,6 +161,12 @@ class ArmConfig(_Closed):
         if name == HOLDOUT_ARM:
             raise ValueError(f"arm name {HOLDOUT_ARM!r} is reserved")
         return name
+
+    @model_validator(mode="after")
+    def _ttl_range(self) -> "ArmConfig":
+        if self.ttl_min_s > self.ttl_max_s:
+            raise ValueError(f"arm {self.name!r}: ttl_min_s ({self.ttl_min_s}) is above ttl_max_s ({self.ttl_max_s})")
+        return self
 
     @model_validator(mode="after")
     def _multi_canary_on_multi_arm(self) -> "ArmConfig":

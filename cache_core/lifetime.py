@@ -1,7 +1,9 @@
 """How long an entry lives, and how expired entries leave.
 
 Policies (an arm's ``ttl_policy``). ``absolute``: alive until created_at + ttl.
-``sliding``: every hit renews the ttl, but never past created_at + max_age_s. A
+``sliding``: every hit renews the ttl, but never past created_at + max_age_s.
+``adaptive``: like sliding, with each entry's ttl predicted at its store and again at each
+hit from its context by a model learnt online (``cache_core.adaptive_ttl``). A
 near-duplicate admission (cache_core.admission) adds a grace period to either. The ttl is
 the store request's if it gives one, else the arm's when its config sets ``ttl_s``, else
 the service's default (``ttl_for``).
@@ -40,7 +42,7 @@ DEFAULT_INTERVAL_S = 60.0
 def expires_at(entry: CacheEntry) -> float:
     """When ``entry`` stops being served, by its ttl policy."""
     lifetime = entry.ttl_s + entry.grace_s
-    if entry.ttl_policy == "sliding":
+    if entry.ttl_policy in ("sliding", "adaptive"):
         renewed = (entry.last_hit_at or entry.created_at) + lifetime
         return min(renewed, entry.created_at + entry.max_age_s)
     return entry.created_at + lifetime

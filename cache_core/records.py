@@ -57,6 +57,9 @@ class CacheEntry:
     """Units whose hits on it got a "wrong" verdict, on any replica (votes travel the entries topic);
     persisted in the snapshot and the log (cache_core.state.feedback)."""
 
+    ttl_context: object | None = None
+    """adaptive: the ``cache_core.adaptive_ttl.TtlContext`` its ttl_s was predicted from (not persisted)."""
+
     def expires_at(self) -> float:
         return expires_at(self)
 
@@ -186,6 +189,8 @@ class SearchOutcome:
     """What the ANN structure returned (before dropping expired entries)."""
     mark: IndexMark | None = None
     """The index as the search left it: what a later ANN check compares with."""
+    expired: list[Candidate] = field(default_factory=list)
+    """Candidates the search met expired (and removed): an adaptive TTL learns from them."""
 
 
 @dataclass
@@ -203,3 +208,6 @@ class Request:
     """perf_counter() when the request arrived."""
     variant: Variant = "base"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    embed_cached: bool = False
+    """The embedding came from the embedding cache (the encoder did not run)."""
+    embed_saved_ms: float = 0.0

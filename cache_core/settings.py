@@ -77,6 +77,9 @@ class CacheSettings(_Documented):
     # single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).
     encoder_threads: int | None = Field(1, ge=1)
     """Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores."""
+    embedding_cache_entries: int = Field(10_000, ge=0)
+    """Texts whose embeddings an exact-text LRU keeps in front of the encoder, so a question
+    asked again skips the model (0: off). About 1.6 kB each at 384 dimensions."""
     max_query_chars: int = Field(4000, ge=1)
     """Longer queries are refused (422 with the reason)."""
     max_answer_chars: int = Field(100_000, ge=1)

@@ -31,6 +31,7 @@ from cache_core.decision.rule import HitRule
 from cache_core.store.ann_check import AnnChecker
 from cache_core.cache import SemanticCache
 from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.cache import EmbeddingCache
 from cache_core.embedding.embedder import Embedder
 from cache_core.shadow.checker import ShadowChecker
 from cache_core.embedding.load import load_embedder
@@ -240,6 +241,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         ann_checker=ann_checker, feedback_memory=settings.cache.feedback_memory,
         hit_rule=HitRule(judges=shelf_judges(JudgeShelf(
             settings.cache.judge_dir, tokens=lambda: token_encoder(settings.cache.model)))),
+        embedding_cache=EmbeddingCache(settings.cache.embedding_cache_entries)
+        if settings.cache.embedding_cache_entries else None,
     )
     sweeper = ExpirySweeper(cache, expiry_sweep_s) if expiry_sweep_s else None
     entry_follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None

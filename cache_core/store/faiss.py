@@ -2,12 +2,15 @@
 
 Vectors are L2-normalised, so inner product is cosine similarity. Every index
 keeps an exact ``IndexIDMap2(IndexFlatIP)`` over the same live vectors: it is
-the search structure for ``flat``, the pre-training fallback for ``ivf``, the
-source for rebuilds, and the reference for ``exact_search`` (ANN precision).
+the search structure for ``flat``, the pre-training fallback for the kinds that
+train (``ivf``, ``ivf_pq``, int8/int4 scalar quantisers), the source for rebuilds,
+the exact re-score of the compressed and hashed kinds' candidates, and the reference
+for ``exact_search`` (ANN precision). The kinds' structures: ``cache_core.store.kinds``.
 
-Deletion: ``flat`` and ``ivf`` support ``remove_ids``; HNSW does not, so removed
-ids become tombstones filtered at search time, and the graph is rebuilt from
-the exact twin once tombstones exceed ``rebuild_fraction`` of its size.
+Deletion: kinds whose FAISS structure has ``remove_ids`` use it; the graph and hash
+kinds (``hnsw*``, ``semhash``) do not, so removed ids become tombstones filtered at
+search time, and the structure is rebuilt from the exact twin once tombstones exceed
+``rebuild_fraction`` of its size.
 Not thread-safe: the owning cache partition holds a lock around every call.
 """
 from __future__ import annotations
@@ -17,10 +20,11 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from cache_core.store import kinds as index_kinds
 from cache_core.experiments import ArmConfig, IndexKind
 
 # FAISS warns below ~39 training points per list; train only with that many.
-IVF_POINTS_PER_LIST = 39
+IVF_POINTS_PER_LIST = index_kinds.POINTS_PER_CENTROID
 
 
 def set_search_threads(threads: int = 1) -> None:
@@ -48,11 +52,20 @@ class IndexSpec:
     hnsw_ef_search: int = 64
     ivf_nlist: int = 64
     ivf_nprobe: int = 8
+    pq_m: int = 48
+    pq_nbits: int = 8
+    semhash_tables: int = 4
+    semhash_radius: int = 4
+    semhash_seed: int = 0
+    ann_candidates: int = 16
 
     @classmethod
     def for_arm(cls, arm: ArmConfig) -> "IndexSpec":
         return cls(kind=arm.index_kind, hnsw_m=arm.hnsw_m, hnsw_ef_search=arm.hnsw_ef_search,
-                   ivf_nlist=arm.ivf_nlist, ivf_nprobe=arm.ivf_nprobe)
+                   ivf_nlist=arm.ivf_nlist, ivf_nprobe=arm.ivf_nprobe, pq_m=arm.pq_m,
+                   pq_nbits=arm.pq_nbits, semhash_tables=arm.semhash_tables,
+                   semhash_radius=arm.semhash_radius, semhash_seed=arm.semhash_seed,
+                   ann_candidates=arm.ann_candidates)
 
 
 @dataclass(frozen=True)
@@ -78,14 +91,15 @@ class VectorIndex:
         self.spec = spec
         self.rebuild_fraction = rebuild_fraction
         self._exact = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-        self._ann: faiss.Index | None = None  # None: the exact twin answers
+        self._traits = index_kinds.traits(spec)
+        self._ann = None  # None: the exact twin answers (flat, or not trained yet)
         self._tombstones: set[int] = set()
         self._next_id = 0
         self._id_of: dict[str, int] = {}
         self._entry_of: dict[int, str] = {}
         self.rebuilds = 0
-        if spec.kind == "hnsw":
-            self._ann = self._new_hnsw()
+        if self._traits.train_size == 0:
+            self._ann = index_kinds.build(spec, dim)
 
     # -- public -----------------------------------------------------------------------
 
@@ -95,8 +109,12 @@ class VectorIndex:
 
     @property
     def trained(self) -> bool:
-        """For ivf: whether the IVF structure is in use (else flat fallback)."""
+        """For the kinds that train: whether their structure is in use (else flat fallback)."""
         return self._ann is not None
+
+    def ann_bytes_per_entry(self) -> float:
+        """The ANN structure's size per entry (0 while the exact twin answers alone)."""
+        return index_kinds.bytes_per_entry(self._ann)
 
     def __len__(self) -> int:
         return len(self._id_of)
@@ -124,8 +142,8 @@ class VectorIndex:
         self._exact.add_with_ids(mat, ids)
         if self._ann is not None:
             self._ann.add_with_ids(mat, ids)
-        elif self.spec.kind == "ivf" and len(self) >= self._ivf_train_size():
-            self._train_ivf()
+        elif self._traits.train_size and len(self) >= self._traits.train_size:
+            self._rebuild()
 
     def add_many(self, entry_ids: list[str], vecs: np.ndarray) -> None:
         """Add new vectors in one FAISS call (an HNSW graph builds in parallel this way)."""
@@ -140,8 +158,8 @@ class VectorIndex:
         self._exact.add_with_ids(mat, ids)
         if self._ann is not None:
             self._ann.add_with_ids(mat, ids)
-        elif self.spec.kind == "ivf" and len(self) >= self._ivf_train_size():
-            self._train_ivf()
+        elif self._traits.train_size and len(self) >= self._traits.train_size:
+            self._rebuild()
 
     def remove(self, entry_id: str) -> bool:
         """Remove one vector; False if it was not there."""
@@ -151,12 +169,14 @@ class VectorIndex:
         del self._entry_of[internal]
         ids = np.array([internal], dtype=np.int64)
         self._exact.remove_ids(ids)
-        if self.spec.kind == "hnsw":
+        if self._ann is None:
+            return True
+        if self._traits.removes:
+            self._ann.remove_ids(ids)
+        else:
             self._tombstones.add(internal)
             if len(self._tombstones) > self.rebuild_fraction * max(len(self), 1):
-                self._rebuild_hnsw()
-        elif self._ann is not None:
-            self._ann.remove_ids(ids)
+                self._rebuild()
         return True
 
     def search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
@@ -164,7 +184,10 @@ class VectorIndex:
         if self._ann is None:
             return self.exact_search(vec, k)
         # Ask for extra candidates so tombstoned ids do not shrink the answer.
-        return self._run(self._ann, vec, k, extra=len(self._tombstones))
+        if not self._traits.rescore:
+            return self._run(self._ann, vec, k, extra=len(self._tombstones))
+        wanted = max(k, self.spec.ann_candidates)
+        return self._rescored(vec, self._run(self._ann, vec, wanted, extra=len(self._tombstones)), k)
 
     def exact_search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Brute-force top-k over the same live vectors: the ground truth for ANN checks."""
@@ -229,10 +252,14 @@ class VectorIndex:
                     break
         return out
 
-    def _new_hnsw(self) -> faiss.Index:
-        hnsw = faiss.IndexHNSWFlat(self.dim, self.spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        hnsw.hnsw.efSearch = self.spec.hnsw_ef_search
-        return faiss.IndexIDMap(hnsw)
+    def _rescored(self, vec: np.ndarray, found: list[tuple[str, float]], k: int) -> list[tuple[str, float]]:
+        """The candidates' exact cosines from the twin, best first, the top ``k``."""
+        if not found:
+            return []
+        internal = np.array([self._id_of[e] for e, _ in found], dtype=np.int64)
+        scores = self._exact.reconstruct_batch(internal) @ _as_matrix(vec)[0]
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [(found[i][0], float(scores[i])) for i in order]
 
     def _live(self) -> tuple[np.ndarray, np.ndarray]:
         ids = faiss.vector_to_array(self._exact.id_map).astype(np.int64)
@@ -240,24 +267,13 @@ class VectorIndex:
             np.zeros((0, self.dim), dtype=np.float32)
         return vecs, ids
 
-    def _rebuild_hnsw(self) -> None:
-        self._ann = self._new_hnsw()
+    def _rebuild(self) -> None:
+        """A new structure from the live vectors (trained on them if the kind trains);
+        below the kind's training size the exact twin answers until it is reached."""
         vecs, ids = self._live()
-        if len(ids):
-            self._ann.add_with_ids(vecs, ids)
         self._tombstones.clear()
         self.rebuilds += 1
-
-    def _ivf_train_size(self) -> int:
-        return IVF_POINTS_PER_LIST * self.spec.ivf_nlist
-
-    def _train_ivf(self) -> None:
-        vecs, ids = self._live()
-        quantizer = faiss.IndexFlatIP(self.dim)
-        ivf = faiss.IndexIVFFlat(quantizer, self.dim, self.spec.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
-        ivf.train(vecs)
-        ivf.nprobe = self.spec.ivf_nprobe
-        ivf.add_with_ids(vecs, ids)
-        self._ivf_quantizer = quantizer  # keep the Python object alive with the index
-        self._ann = ivf
-        self.rebuilds += 1
+        if self._traits.train_size and len(ids) < self._traits.train_size:
+            self._ann = None
+            return
+        self._ann = index_kinds.build(self.spec, self.dim, vecs, ids)

@@ -143,7 +143,7 @@ class Partition:
             return SearchOutcome(best=None)
         raw = index.search(vec, k)
         outcome = SearchOutcome(best=None, raw=raw)
-        outcome.candidates = self._alive(index, vec, raw, now, k)
+        outcome.candidates = self._alive(index, vec, raw, now, k, outcome.expired)
         outcome.best = outcome.candidates[0] if outcome.candidates else None
         outcome.mark = index.mark()
         return outcome
@@ -225,7 +225,7 @@ class Partition:
             time.sleep(0.0001)
 
     def _alive(self, index: VectorStore, vec: np.ndarray, raw: list[tuple[str, float]],
-               now: float, k: int) -> list[Candidate]:
+               now: float, k: int, met_expired: list[Candidate] | None = None) -> list[Candidate]:
         for _attempt in range(3):
             expired, live = False, []
             for entry_id, sim in raw:
@@ -238,6 +238,8 @@ class Partition:
                 self.remove(entry_id)
                 self.expirations += 1
                 expired = True
+                if met_expired is not None:  # an adaptive TTL learns from them
+                    met_expired.append(Candidate(entry, sim))
             if live or not expired or len(index) == 0:
                 return live
             raw = index.search(vec, k)  # the expired ones are gone; look again

@@ -1,18 +1,21 @@
 """Every vector index kind meets the contract partitions use (cache_core.store.base)."""
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import pytest
 
+from cache_core.experiments import IndexKind
 from cache_core.store.base import VectorStore
 from cache_core.store.faiss import IndexSpec, VectorIndex
 
 CONTRACT = [name for name in vars(VectorStore) if not name.startswith("_") or name == "__len__"]
 
 
-@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+@pytest.mark.parametrize("kind", list(get_args(IndexKind)))
 def test_index_kinds_meet_the_vector_store_contract(kind):
-    index = VectorIndex(4, IndexSpec(kind=kind))
+    index = VectorIndex(4, IndexSpec(kind=kind, pq_m=2))
     assert {"add", "remove", "search", "mark", "exact_block_many"} <= set(CONTRACT)
     assert all(callable(getattr(index, name, None)) or name == "kind" for name in CONTRACT)
     index.add("a", np.array([1, 0, 0, 0], dtype=np.float32))

@@ -1,0 +1,82 @@
+"""An exact-text LRU in front of the encoder: a question asked again skips the model.
+
+Keys are the query text exactly as received (no normalisation: two texts that differ in
+a space may embed differently, and the cache must not change what the encoder would say).
+Values are the L2-normalised vector and the norm before normalisation, as
+``Embedder.encode_with_norms`` returns them. The encode time a hit saves is estimated
+as the mean encode time per text of the recent misses (an exponentially weighted mean,
+so a slower or faster machine shows within a few dozen encodes). Thread-safe.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+SAVED_MS_WEIGHT = 0.05
+"""Weight of the newest miss in the mean encode time (about the last 20 misses count)."""
+
+
+@dataclass(frozen=True)
+class CachedEmbedding:
+    vec: np.ndarray
+    norm: float
+    saved_ms: float
+    """The encode time this hit saved (the recent mean per text)."""
+
+
+class EmbeddingCache:
+    """Up to ``max_entries`` texts' embeddings, least recently used out first."""
+
+    def __init__(self, max_entries: int):
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._items: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._encode_ms: float | None = None
+        self.hits = 0
+        self.misses = 0
+        self.saved_ms_total = 0.0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, text: str) -> CachedEmbedding | None:
+        """The cached embedding of ``text`` (counted as a hit), or None (a miss)."""
+        with self._lock:
+            found = self._items.get(text)
+            if found is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(text)
+            self.hits += 1
+            saved = self._encode_ms or 0.0
+            self.saved_ms_total += saved
+            vec, norm = found
+            return CachedEmbedding(vec, norm, saved)
+
+    def put_many(self, texts: list[str], vecs: np.ndarray, norms: np.ndarray, encode_ms: float) -> None:
+        """Remember the embeddings of one encoder call that took ``encode_ms`` for ``texts``."""
+        if not texts:
+            return
+        per_text = encode_ms / len(texts)
+        with self._lock:
+            self._encode_ms = per_text if self._encode_ms is None else \
+                (1 - SAVED_MS_WEIGHT) * self._encode_ms + SAVED_MS_WEIGHT * per_text
+            for text, vec, norm in zip(texts, vecs, norms):
+                vec = np.array(vec, dtype=np.float32)  # a copy: callers may reuse their batch
+                self._items[text] = (vec, float(norm))
+                self._items.move_to_end(text)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def stats(self) -> dict:
+        with self._lock:
+            looked_up = self.hits + self.misses
+            return {"entries": len(self._items), "max_entries": self.max_entries, "hits": self.hits,
+                    "misses": self.misses, "hit_rate": self.hits / looked_up if looked_up else None,
+                    "saved_ms_total": round(self.saved_ms_total, 3),
+                    "encode_ms_per_text": None if self._encode_ms is None else round(self._encode_ms, 3)}
