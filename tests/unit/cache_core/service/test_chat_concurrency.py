@@ -1,9 +1,15 @@
 """Open streams hold no thread: 200 streams from an upstream that pauses 5 s between chunks leave
-/healthz and /v1/lookup answering at once, and a client that goes away closes its upstream request."""
+/healthz and /v1/lookup answering at once, and a client that goes away closes its upstream request.
+
+The scenario runs in a child pytest process (``test_streams_in_a_child``): its 200 connections, two
+servers and their threads shut down with that process, so they cannot slow the tests after it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import httpx
@@ -19,15 +25,25 @@ from tests.unit.cache_core.service.test_service_chat_admin import Served
 
 STREAMS = 200
 PAUSE_S = 5.0
+CHILD = "SCACHE_STREAM_TEST_CHILD"
+in_child = pytest.mark.skipif(os.environ.get(CHILD) != "1", reason="run by test_200_slow_streams_... in a child")
 
 
-@pytest.fixture(scope="module")
+def test_200_slow_streams_leave_health_and_lookup_answering_at_once():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           f"{__file__}::test_streams_in_a_child"], env={**os.environ, CHILD: "1"},
+                          capture_output=True, text=True, timeout=900)
+    print(done.stdout[-600:])
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.fixture()
 def upstream():
     with StubUpstream(pause_s=PAUSE_S) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def cache_url(minilm_embedder, upstream):
     settings = Settings(service={"open_access": True, "upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
     app = create_app(build_components(settings, RecordingPublisher(), minilm_embedder, expiry_sweep_s=None))
@@ -42,7 +58,8 @@ async def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-def test_200_slow_streams_leave_health_and_lookup_answering_at_once(cache_url, upstream):
+@in_child
+def test_streams_in_a_child(cache_url, upstream):
     async def scenario() -> dict:
         release = asyncio.Event()
         opened = 0
