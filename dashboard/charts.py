@@ -184,3 +184,16 @@ def tuning_curve(candidates: pd.DataFrame, target: float, current: float | None 
             layers.append(alt.Chart(pd.DataFrame({"threshold": [value]})).mark_rule(
                 color=colour, strokeDash=[4, 4]).encode(x="threshold:Q"))
     return alt.layer(*layers).properties(height=260)
+
+
+def near_miss_curve(curve: pd.DataFrame, *, arm_col: str = "arm", x_col: str = "similarity",
+                    rate_col: str = "wrong_rate", n_col: str = "labelled") -> alt.Chart:
+    """Shadow checks below the threshold: share of near-misses whose nearest answer would have been
+    wrong, by similarity (points sized by verdicts)."""
+    return alt.Chart(curve).mark_line(point=True).encode(
+        x=alt.X(f"{x_col}:Q", title="similarity of the nearest candidate", scale=alt.Scale(zero=False)),
+        y=alt.Y(f"{rate_col}:Q", title="would be a false hit", axis=alt.Axis(format="%")),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        size=alt.Size(f"{n_col}:Q", title="verdicts", legend=None),
+        tooltip=[arm_col, x_col, alt.Tooltip(f"{rate_col}:Q", format=".1%"), n_col],
+    )
