@@ -197,3 +197,19 @@ def near_miss_curve(curve: pd.DataFrame, *, arm_col: str = "arm", x_col: str = "
         size=alt.Size(f"{n_col}:Q", title="verdicts", legend=None),
         tooltip=[arm_col, x_col, alt.Tooltip(f"{rate_col}:Q", format=".1%"), n_col],
     )
+
+
+def judge_versions(df: pd.DataFrame) -> alt.Chart:
+    """Per arm x judge version: hit rate and false-hit rates (users', shadow checks'), side by side."""
+    long = df.melt(id_vars=["arm", "judge"], value_vars=["hit_rate", "user_false_hit_rate", "shadow_false_hit_rate"],
+                   var_name="rate", value_name="value").dropna(subset=["value"])
+    long["rate"] = long["rate"].map({"hit_rate": "hit rate", "user_false_hit_rate": "false hits (users)",
+                                     "shadow_false_hit_rate": "false hits (shadow)"})
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format="%")),
+        y=alt.Y("judge:N", title="judge version"),
+        color=alt.Color("judge:N", legend=None),
+        row=alt.Row("rate:N", title=None),
+        column=alt.Column("arm:N", title="arm"),
+        tooltip=["arm", "judge", "rate", alt.Tooltip("value:Q", format=".1%")],
+    )

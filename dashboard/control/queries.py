@@ -149,6 +149,13 @@ def shadow_verdicts(client, filters: Filters) -> pd.DataFrame:
     return _with_false_hit_rate(_frame(client, sql_verdicts.SHADOW_VERDICTS_SQL, filters.parameters()))
 
 
+def judge_versions(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x judge version ('' = no judge): requests, hits, judged, judge_ms_mean / _p95 (the judge
+    stage's added latency), and users' and shadow checks' verdicts on the hits, apart
+    (``verdicts.judge_frame`` adds the rates)."""
+    return _frame(client, sql_verdicts.JUDGE_VERSIONS_SQL, filters.parameters())
+
+
 def false_hit_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
     """Per arm and time bucket: correct, wrong, labelled, false_hit_rate."""
     _check_bucket(bucket_s)

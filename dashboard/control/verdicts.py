@@ -54,3 +54,19 @@ def near_miss_curve(shadow: pd.DataFrame | None) -> pd.DataFrame:
     misses["labelled"] = misses["correct"] + misses["wrong"]
     misses["wrong_rate"] = _rate(misses["wrong"], misses["labelled"])
     return misses[["arm", "similarity", "labelled", "wrong_rate"]].reset_index(drop=True)
+
+
+def judge_frame(by_version: pd.DataFrame | None) -> pd.DataFrame:
+    """``queries.judge_versions`` with hit_rate, user_false_hit_rate and shadow_false_hit_rate (each
+    on its own verdicts; NaN without any) and ``judge`` (the version, or "none"). Empty when no arm
+    has a judge: a page says so instead of drawing a comparison of nothing."""
+    if by_version is None or by_version.empty or not (by_version["judge_version"] != "").any():
+        return pd.DataFrame()
+    df = by_version.copy()
+    df["judge"] = df["judge_version"].where(df["judge_version"] != "", "none")
+    df["hit_rate"] = _rate(df["hits"], df["requests"])
+    df["user_labelled"] = df["user_correct"] + df["user_wrong"]
+    df["shadow_labelled"] = df["shadow_correct"] + df["shadow_wrong"]
+    df["user_false_hit_rate"] = _rate(df["user_wrong"], df["user_labelled"])
+    df["shadow_false_hit_rate"] = _rate(df["shadow_wrong"], df["shadow_labelled"])
+    return df

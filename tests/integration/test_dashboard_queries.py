@@ -314,3 +314,29 @@ def test_user_and_shadow_verdicts_stay_apart(seeded):
     labels = client.query("SELECT verdict FROM feedback_raw FINAL WHERE request_id = {r:String}",
                           parameters={"r": f"{experiment_id}-h1"}).result_rows
     assert labels == [("correct",)]                                       # the user's, not replaced
+
+
+def test_judge_versions_from_decisions_and_both_kinds_of_verdicts(seeded):
+    client, filters, *_ = seeded
+    experiment_id = f"dash-judge-{uuid.uuid4().hex[:8]}"
+    ts_ms = filters.parameters()["end_ms"] - 120_000
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "decision", "hit",
+             "threshold", "similarity", "judge_version", "judge_probability", "judge_ms"]
+    rows = [("a", "hit", None, None, "correct", None), ("a", "miss", None, None, None, None),
+            ("j", "hit", "v2", 4.0, "wrong", "correct"), ("j", "hit", "v2", 6.0, "correct", "wrong"),
+            ("j", "miss", "v2", 8.0, None, None), ("j", "hit", "v3", 2.0, None, "correct")]
+    client.insert("events_raw", [["decision", f"{experiment_id}-{i}", ts_ms + i, "default", experiment_id, arm,
+                                  decision, decision == "hit", 0.9, 0.95, version, 0.7 if version else None, ms]
+                                 for i, (arm, decision, version, ms, _, _) in enumerate(rows)], column_names=names)
+    columns = ["schema_version", "request_id", "verdict", "ts_ms", "source"]
+    for table, at, source in (("feedback_raw", 4, "user"), ("shadow_feedback_raw", 5, "shadow")):
+        client.insert(table, [[1, f"{experiment_id}-{i}", row[at], ts_ms + 1000, source]
+                              for i, row in enumerate(rows) if row[at]], column_names=columns)
+    df = queries.judge_versions(client, queries.Filters(experiment_id, filters.start, filters.end))
+    by = df.set_index(["arm", "judge_version"])
+    assert by.loc[("a", ""), ["requests", "hits", "judged", "user_correct", "shadow_correct"]].tolist() == [2, 1, 0, 1, 0]
+    assert pd.isna(by.loc[("a", ""), "judge_ms_mean"])
+    v2 = by.loc[("j", "v2")]
+    assert [v2["requests"], v2["hits"], v2["judged"]] == [3, 2, 3] and v2["judge_ms_mean"] == pytest.approx(6.0)
+    assert [v2["user_correct"], v2["user_wrong"], v2["shadow_correct"], v2["shadow_wrong"]] == [1, 1, 1, 1]
+    assert by.loc[("j", "v3"), "shadow_correct"] == 1

@@ -45,3 +45,26 @@ def test_shadow_query_reads_only_shadow_verdicts():
     text = sql_verdicts.SHADOW_VERDICTS_SQL
     assert "FROM shadow_feedback_raw FINAL" in text and text.count("feedback_raw") == 1
     assert sql_verdicts.COLUMNS[text] == ["arm", "decision", "similarity_milli", "correct", "wrong"]
+
+
+def judge_rows():
+    columns = sql_verdicts.COLUMNS[sql_verdicts.JUDGE_VERSIONS_SQL]
+    return pd.DataFrame([("a", "", 100, 40, 0, None, None, 8, 2, 0, 0),
+                         ("b", "v2", 100, 50, 90, 4.0, 9.0, 19, 1, 6, 4),
+                         ("b", "v3", 20, 5, 20, 3.0, 5.0, 0, 0, 0, 0)], columns=columns)
+
+
+def test_judge_frame_rates_per_arm_and_version_each_on_its_own_verdicts():
+    table = verdicts.judge_frame(judge_rows()).set_index(["arm", "judge"])
+    assert table.loc[("a", "none"), "hit_rate"] == pytest.approx(0.4)
+    assert table.loc[("b", "v2"), "user_false_hit_rate"] == pytest.approx(0.05)
+    assert table.loc[("b", "v2"), "shadow_false_hit_rate"] == pytest.approx(0.4)
+    assert pd.isna(table.loc[("b", "v3"), "user_false_hit_rate"])         # no verdicts: no rate, not 0
+    spec = charts.judge_versions(table.reset_index()).to_dict()
+    assert spec["encoding"]["y"]["field"] == "judge"
+
+
+def test_no_judge_anywhere_is_an_empty_frame_the_page_explains():
+    assert verdicts.judge_frame(judge_rows().iloc[:1]).empty
+    assert verdicts.judge_frame(None).empty
+    assert verdicts.judge_frame(judge_rows().iloc[:0]).empty
