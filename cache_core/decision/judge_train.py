@@ -1,5 +1,6 @@
 """Train a judge from labelled pairs: ``python -m cache_core.decision.judge_train``.
 
+    ./scache judge-train --pairs my_pairs.jsonl --version v2      (the same, from a clone)
     python -m cache_core.decision.judge_train --pairs my_pairs.jsonl --version v2
     python -m cache_core.decision.judge_train --shared-data ../shared/data --version v1
     python -m cache_core.decision.judge_train --pairs my_pairs.csv --shared-data ../shared/data
@@ -239,6 +240,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-data", type=Path, help="also train on the public sets in this folder (../shared/data)")
     p.add_argument("--version", help="artifact version (default: a timestamp, v<YYYYmmddHHMM>)")
     p.add_argument("--out", type=Path, help="artifact directory (default: the cache's judge_dir setting)")
+    p.add_argument("--max-shared-pairs", type=int, default=4000,
+                   help="with --shared-data: at most this many pairs per public split (a seeded sample; "
+                        "training stays within minutes on 2 cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--holdout", type=float, default=0.2, help="share of rows held out for calibration (0.05-0.5)")
     return p
@@ -256,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         artifact_name(version)
         own = read_pairs(args.pairs) if args.pairs else []
-        from cache_core.decision.judge_shared_pairs import SharedDataError, shared_pairs
+        from cache_core.decision.judge_shared_pairs import shared_pairs
         settings = get_settings().cache
         encode, tokens = _encoders(settings)
-        extra = shared_pairs(args.shared_data, encode) if args.shared_data else []
+        extra = shared_pairs(args.shared_data, encode, args.max_shared_pairs) if args.shared_data else []
     except (PairsError, ValueError, OSError) as exc:
         print(f"judge_train: {exc}", file=sys.stderr)
         return 2
