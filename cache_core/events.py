@@ -311,6 +311,8 @@ class FeedbackAggregate(BaseModel):
     namespace: str
     config_version: int
     intent_cluster: int
+    source: str = "user"
+    """Whose verdicts: "user" or "shadow" (FeedbackSource), counted apart."""
     correct: int
     wrong: int
     emitted_at_ms: int

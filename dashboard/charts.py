@@ -184,3 +184,32 @@ def tuning_curve(candidates: pd.DataFrame, target: float, current: float | None 
             layers.append(alt.Chart(pd.DataFrame({"threshold": [value]})).mark_rule(
                 color=colour, strokeDash=[4, 4]).encode(x="threshold:Q"))
     return alt.layer(*layers).properties(height=260)
+
+
+def near_miss_curve(curve: pd.DataFrame, *, arm_col: str = "arm", x_col: str = "similarity",
+                    rate_col: str = "wrong_rate", n_col: str = "labelled") -> alt.Chart:
+    """Shadow checks below the threshold: share of near-misses whose nearest answer would have been
+    wrong, by similarity (points sized by verdicts)."""
+    return alt.Chart(curve).mark_line(point=True).encode(
+        x=alt.X(f"{x_col}:Q", title="similarity of the nearest candidate", scale=alt.Scale(zero=False)),
+        y=alt.Y(f"{rate_col}:Q", title="would be a false hit", axis=alt.Axis(format="%")),
+        color=alt.Color(f"{arm_col}:N", title="arm"),
+        size=alt.Size(f"{n_col}:Q", title="verdicts", legend=None),
+        tooltip=[arm_col, x_col, alt.Tooltip(f"{rate_col}:Q", format=".1%"), n_col],
+    )
+
+
+def judge_versions(df: pd.DataFrame) -> alt.Chart:
+    """Per arm x judge version: hit rate and false-hit rates (users', shadow checks'), side by side."""
+    long = df.melt(id_vars=["arm", "judge"], value_vars=["hit_rate", "user_false_hit_rate", "shadow_false_hit_rate"],
+                   var_name="rate", value_name="value").dropna(subset=["value"])
+    long["rate"] = long["rate"].map({"hit_rate": "hit rate", "user_false_hit_rate": "false hits (users)",
+                                     "shadow_false_hit_rate": "false hits (shadow)"})
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format="%")),
+        y=alt.Y("judge:N", title="judge version"),
+        color=alt.Color("judge:N", legend=None),
+        row=alt.Row("rate:N", title=None),
+        column=alt.Column("arm:N", title="arm"),
+        tooltip=["arm", "judge", "rate", alt.Tooltip("value:Q", format=".1%")],
+    )

@@ -191,7 +191,7 @@ def _interval(seconds: int) -> str:
 def feedback_join_sql(settings: Settings) -> str:
     """Feedback interval-joined to the hit it judges (feedback within feedback_join_s after)."""
     return f"""
-SELECT f.request_id, f.verdict, f.ts_ms,
+SELECT f.request_id, f.verdict, f.ts_ms, COALESCE(f.source, 'user') AS source,
   COALESCE(d.experiment_id, '') AS experiment_id, COALESCE(d.arm, '') AS arm,
   COALESCE(d.`variant`, 'base') AS `variant`, COALESCE(d.namespace, '') AS namespace,
   COALESCE(d.config_version, 0) AS config_version, COALESCE(d.intent_cluster, -1) AS intent_cluster
@@ -204,11 +204,12 @@ WHERE f.verdict IN ('correct', 'wrong')
 """
 
 
-# The latest verdict on a request counts (as in feedback_raw FINAL); this also absorbs a
+# The latest verdict on a request counts, per source (user and shadow verdicts are counted apart, as
+# feedback_raw and shadow_feedback_raw keep them apart); this also absorbs a
 # re-sent feedback or decision. Keep-last is an updating stream; the aggregate retracts.
 FEEDBACK_LATEST_SQL = """
 SELECT * FROM (
-  SELECT *, ROW_NUMBER() OVER (PARTITION BY request_id ORDER BY jpt DESC) AS rn
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY request_id, source ORDER BY jpt DESC) AS rn
   FROM (SELECT *, PROCTIME() AS jpt FROM feedback_joined)
 ) WHERE rn = 1
 """
@@ -219,11 +220,11 @@ def feedback_agg_sql(window_s: int) -> str:
     start = _window_start_ms(window_s)
     return f"""
 SELECT window_start_ms, window_start_ms + {window_s * 1000} AS window_end_ms,
-  experiment_id, arm, `variant`, namespace, config_version, intent_cluster,
+  experiment_id, arm, `variant`, namespace, config_version, intent_cluster, source,
   CAST(SUM(CASE WHEN verdict = 'correct' THEN 1 ELSE 0 END) AS BIGINT) AS correct,
   CAST(SUM(CASE WHEN verdict = 'wrong' THEN 1 ELSE 0 END) AS BIGINT) AS wrong
 FROM (SELECT *, {start} AS window_start_ms FROM feedback_latest)
-GROUP BY window_start_ms, experiment_id, arm, `variant`, namespace, config_version, intent_cluster
+GROUP BY window_start_ms, experiment_id, arm, `variant`, namespace, config_version, intent_cluster, source
 """
 
 
@@ -285,6 +286,14 @@ def configure_table_env(t_env: StreamTableEnvironment, settings: Settings) -> No
     config.set("python.fn-execution.bundle.time", "500")
 
 
+# Users' verdicts to feedback_raw, shadow checks' to shadow_feedback_raw: keyed by request id, one table
+# would let either replace the other (migration 0007).
+RAW_FEEDBACK_VIEWS = {
+    "user_feedback": "SELECT * FROM feedback WHERE COALESCE(source, 'user') <> 'shadow'",
+    "shadow_feedback": "SELECT * FROM feedback WHERE source = 'shadow'",
+}
+
+
 def build_pipeline(t_env: StreamTableEnvironment, settings: Settings) -> None:
     """Declare sources, UDFs, dedup, aggregates, the feedback join and the one ClickHouse sink."""
     _sink(t_env, sink_rows(t_env, settings), settings)
@@ -311,9 +320,13 @@ def sink_rows(t_env: StreamTableEnvironment, settings: Settings) -> Table:
         t_env.create_temporary_view(name, t_env.sql_query(sql))
     raw_events = "SELECT * FROM events WHERE event_type <> 'heartbeat'"
     t_env.create_temporary_view("raw_events", t_env.sql_query(raw_events))
+    for view, sql in RAW_FEEDBACK_VIEWS.items():
+        t_env.create_temporary_view(view, t_env.sql_query(sql))
     parts = []
     for table, source, columns in ((clickhouse_sink.EVENTS_RAW, "raw_events", clickhouse_sink.RAW_COLUMNS),
-                                   (clickhouse_sink.FEEDBACK_RAW, "feedback",
+                                   (clickhouse_sink.FEEDBACK_RAW, "user_feedback",
+                                    clickhouse_sink.FEEDBACK_COLUMNS),
+                                   (clickhouse_sink.SHADOW_FEEDBACK_RAW, "shadow_feedback",
                                     clickhouse_sink.FEEDBACK_COLUMNS)):
         batch_sql, rows_sql = raw_batches_sql(table, source, columns, settings)
         t_env.create_temporary_view(f"{source}_rows", t_env.sql_query(rows_sql))

@@ -41,6 +41,8 @@ from cache_core.settings import ClickHouseSettings
 
 EVENTS_RAW = "events_raw"
 FEEDBACK_RAW = "feedback_raw"
+SHADOW_FEEDBACK_RAW = "shadow_feedback_raw"
+"""Shadow checks' verdicts (source "shadow"); feedback_raw keeps the users' (migration 0007)."""
 WINDOW_AGG = "window_agg"
 LATE_EVENTS = "late_events"
 FEEDBACK_AGG = "feedback_agg"
@@ -76,9 +78,10 @@ TABLES = {
     WINDOW_AGG: AggregateTable(WindowAggregate, ["window_start", *AGG_DIMENSIONS]),
     LATE_EVENTS: AggregateTable(LateEventCount, ["window_start", "experiment_id", "arm"]),
     FEEDBACK_AGG: AggregateTable(FeedbackAggregate, ["window_start", "experiment_id", "arm", "variant",
-                                                     "namespace", "config_version", "intent_cluster"]),
+                                                     "namespace", "config_version", "intent_cluster",
+                                                     "source"]),
 }
-RAW_TABLES = (EVENTS_RAW, FEEDBACK_RAW)
+RAW_TABLES = (EVENTS_RAW, FEEDBACK_RAW, SHADOW_FEEDBACK_RAW)
 TICK_BODY = ""
 """The body of a tick row (see the module doc)."""
 

@@ -3,7 +3,7 @@
 Artifact format ``scache-judge/1``: one JSON file ``judge-<version>.json``, numbers and
 strings only (no pickle: a judge file comes from a shared store, and loading it must never
 run code). It holds the feature names it was trained on, the trees (sklearn's
-HistGradientBoosting, exported node by node), an isotonic calibration map from the
+HistGradientBoosting, exported node by node), a monotone (Platt) calibration map from the
 trees' raw score to a probability, and the training report, including the *operating
 points*: the smallest probability whose hits stayed within 2%, 5% and 10% wrong on the
 held-out split. A digest of the content guards against a truncated or edited file.
@@ -92,13 +92,21 @@ class Trees:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Isotonic map raw score -> probability (piecewise linear between the knots)."""
+    """Monotone map raw score -> probability (piecewise linear between the knots; beyond
+    them, extended along the first and last segment's slope so the ranking never ties)."""
 
     x: np.ndarray
     y: np.ndarray
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
-        return np.interp(raw, self.x, self.y)
+        raw = np.asarray(raw, dtype=np.float64)
+        out = np.interp(raw, self.x, self.y)
+        if len(self.x) >= 2:  # keep order past the ends, within [0, 1]
+            lo_slope = (self.y[1] - self.y[0]) / max(self.x[1] - self.x[0], 1e-12)
+            hi_slope = (self.y[-1] - self.y[-2]) / max(self.x[-1] - self.x[-2], 1e-12)
+            out = np.where(raw < self.x[0], self.y[0] + lo_slope * (raw - self.x[0]), out)
+            out = np.where(raw > self.x[-1], self.y[-1] + hi_slope * (raw - self.x[-1]), out)
+        return np.clip(out, 0.0, 1.0)
 
 
 @dataclass(frozen=True)

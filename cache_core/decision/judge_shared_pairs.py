@@ -63,13 +63,22 @@ class SharedDataError(ValueError):
     """The data folder lacks a file the pairs are built from."""
 
 
-def shared_pairs(data: Path, encode) -> list[tuple[str, str, int]]:
+def shared_pairs(data: Path, encode, max_per_split: int | None = None) -> list[tuple[str, str, int]]:
     """Every training split's rows as (cached, query, label)."""
-    return [row[:3] for name, rows in load_pairs(data, encode).items() if name.endswith("-train") for row in rows]
+    return [row[:3] for name, rows in load_pairs(data, encode, max_per_split).items()
+            if name.endswith("-train") for row in rows]
 
 
-def load_pairs(data: Path, encode) -> dict[str, list[tuple[str, str, int, str]]]:
-    """split name -> rows; ``encode(texts) -> unit vectors``."""
+def _sample(rows: list, limit: int | None, seed: int = 0) -> list:
+    """At most ``limit`` of ``rows`` (a seeded sample, order kept)."""
+    if limit is None or len(rows) <= limit:
+        return rows
+    keep = np.sort(np.random.default_rng(seed).choice(len(rows), limit, replace=False))
+    return [rows[i] for i in keep]
+
+
+def load_pairs(data: Path, encode, max_per_split: int | None = None) -> dict[str, list[tuple[str, str, int, str]]]:
+    """split name -> rows (at most ``max_per_split`` each, a seeded sample); ``encode(texts) -> unit vectors``."""
     data = Path(data)
     for needed in ("mrpc/msr_paraphrase_train.txt", "stsb/sts-train.csv", "banking77/train.csv",
                    "gptcache-mock/mock_data.json"):
@@ -83,7 +92,7 @@ def load_pairs(data: Path, encode) -> dict[str, list[tuple[str, str, int, str]]]
     }
     for split in ("train", "test"):
         with (data / "banking77" / f"{split}.csv").open() as f:
-            rows = list(csv.DictReader(f))
+            rows = _sample(list(csv.DictReader(f)), None if max_per_split is None else max_per_split // 2)
         texts = [r["text"] for r in rows]
         out[f"banking77-{split}"] = _neighbour_pairs(
             texts, [r["category"] for r in rows], encode(texts), 3, "banking77")
@@ -100,4 +109,4 @@ def load_pairs(data: Path, encode) -> dict[str, list[tuple[str, str, int, str]]]
         mock_rows.append((origins[j], s, 0, "mock"))
     half = len(mock_rows) // 2
     out["mock-train"], out["mock-test"] = mock_rows[:half], mock_rows[half:]
-    return out
+    return {name: _sample(rows, max_per_split) for name, rows in out.items()}

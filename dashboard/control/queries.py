@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from cache_core.experiments import ExperimentConfig
-from dashboard.control import sql
+from dashboard.control import sql, sql_verdicts
 from udfs.buckets import LATENCY_BOUNDS_MS, histogram_quantile
 
 SIMILARITY_BIN = 0.001
@@ -75,7 +75,7 @@ def _epoch_ms(moment: datetime) -> int:
 
 def _frame(client, text: str, parameters: dict) -> pd.DataFrame:
     result = client.query(text, parameters=parameters)
-    columns = sql.COLUMNS[text]
+    columns = sql.COLUMNS.get(text) or sql_verdicts.COLUMNS[text]
     if result.column_names and list(result.column_names) != columns:
         raise RuntimeError(f"query returned columns {list(result.column_names)}, expected {columns}")
     return pd.DataFrame(result.result_rows, columns=columns)
@@ -140,6 +140,20 @@ def _with_false_hit_rate(df: pd.DataFrame) -> pd.DataFrame:
 def false_hits(client, filters: Filters) -> pd.DataFrame:
     """Per arm x variant: correct / wrong labelled hits (feedback_agg), labelled, false_hit_rate."""
     return _with_false_hit_rate(_frame(client, sql.FALSE_HITS_SQL, filters.parameters()))
+
+
+def shadow_verdicts(client, filters: Filters) -> pd.DataFrame:
+    """Shadow checks' verdicts per arm x decision ("hit": served answers re-asked upstream; "miss":
+    near-misses, the nearest candidate's answer against the miss's upstream answer) x similarity bin
+    (``similarity_milli``, 0.01 wide): correct, wrong, labelled, false_hit_rate."""
+    return _with_false_hit_rate(_frame(client, sql_verdicts.SHADOW_VERDICTS_SQL, filters.parameters()))
+
+
+def judge_versions(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x judge version ('' = no judge): requests, hits, judged, judge_ms_mean / _p95 (the judge
+    stage's added latency), and users' and shadow checks' verdicts on the hits, apart
+    (``verdicts.judge_frame`` adds the rates)."""
+    return _frame(client, sql_verdicts.JUDGE_VERSIONS_SQL, filters.parameters())
 
 
 def false_hit_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:

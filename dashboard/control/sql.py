@@ -229,7 +229,10 @@ ORDER BY arm, config_version, score_milli, margin_milli
 """
 
 
-_FEEDBACK_FILTER = _WINDOW_FILTER
+# Users' verdicts only: shadow checks' are counted apart (source 'shadow', migration 0007), see
+# dashboard.control.sql_verdicts. Every estimate that reads feedback_agg or feedback_raw rests on users' verdicts.
+# Rows from before 0007 have source '' (users').
+_FEEDBACK_FILTER = _WINDOW_FILTER + "  AND source <> 'shadow'\n"
 
 
 FALSE_HITS_SQL = f"""

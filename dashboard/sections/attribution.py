@@ -8,7 +8,7 @@ import streamlit as st
 from cache_core.experiments import HOLDOUT_ARM
 from dashboard import charts, data
 from dashboard.control import attribution as attribution_mod
-from dashboard.control import processing
+from dashboard.control import processing, verdicts
 from dashboard.sections.common import NO_DATA, View, optional
 
 
@@ -42,6 +42,33 @@ def attribution(view: View) -> None:
         st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
     decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life},
                           examples)
+    judge_section(view)
+
+
+NO_JUDGE = "No arm has a judge in this range: every hit was decided by its threshold (an arm names one with `judge`)."
+
+
+def judge_section(view: View) -> None:
+    """Hit rate, false-hit rates (users', shadow checks') and added latency per arm x judge version."""
+    st.subheader("By judge version")
+    table = verdicts.judge_frame(optional(view, "judge_versions", view.filters))
+    if table.empty:
+        st.info(NO_JUDGE)
+        return
+    st.altair_chart(charts.judge_versions(table), use_container_width=True)
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(table, hide_index=True, column_order=[
+        "arm", "judge", "requests", "hit_rate", "user_false_hit_rate", "user_labelled", "shadow_false_hit_rate",
+        "shadow_labelled", "judged", "judge_ms_mean", "judge_ms_p95"], column_config={
+        "hit_rate": pct("hit rate"), "user_false_hit_rate": pct("false hits (users)"),
+        "shadow_false_hit_rate": pct("false hits (shadow)"), "user_labelled": "users' verdicts",
+        "shadow_labelled": "shadow verdicts", "judged": "lookups judged",
+        "judge_ms_mean": st.column_config.NumberColumn("judge ms (mean)", format="%.1f"),
+        "judge_ms_p95": st.column_config.NumberColumn("judge ms (p95)", format="%.1f")})
+    st.caption("Added latency: the judge stage's own time (judge_ms) on the lookups it judged. The users' "
+               "false-hit rate rests on users' verdicts only; the shadow one on background re-asks of the "
+               "upstream model compared by the answer-equivalence check. Whether a version is better is the "
+               "overview's and the canary's call (sequential tests on users' verdicts).")
 
 
 def cluster_examples_table(shown: pd.DataFrame, examples: pd.DataFrame | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data
-from dashboard.control import processing
+from dashboard.control import processing, verdicts
 from dashboard.sections.common import NO_DATA, View, bucket_for, optional
 
 
@@ -48,11 +48,34 @@ def overview(view: View) -> None:
                "verdicts among feedback-labelled hits.")
     st.caption(basis_note(table["basis"].iloc[0]))
     st.altair_chart(charts.rate_with_interval(table), use_container_width=True)
+    verdicts_section(view, false_hits)
     comparison_section(view, summary)
     variants = optional(view, "variant_summary", view.filters)
     if variants is not None and (variants["variant"] == "canary").any():
         st.subheader("Canary vs base units")
         st.dataframe(variants, hide_index=True)
+
+
+def verdicts_section(view: View, false_hits) -> None:
+    """Users' and shadow checks' false-hit rates side by side, never pooled."""
+    shadow = optional(view, "shadow_verdicts", view.filters)
+    if shadow is None or shadow.empty:
+        return
+    st.subheader("False hits: users vs shadow checks")
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(verdicts.user_vs_shadow(false_hits, shadow), hide_index=True, column_config={
+        "user_false_hit_rate": pct("users: false-hit rate"), "shadow_false_hit_rate": pct("shadow: false-hit rate"),
+        "near_miss_wrong_rate": pct("near-misses: would be wrong"), "user_labelled": "users: labelled",
+        "shadow_labelled": "shadow: checked hits", "near_miss_labelled": "near-misses checked"})
+    st.caption("Users' rate rests on users' verdicts only: it is the one the per-arm table, the "
+               "comparisons, the canaries and auto-tune use. Shadow rates rest on the upstream model asked "
+               "again in the background and an answer-equivalence check (SCACHE_SHADOW__EQUIVALENCE): a random "
+               "sample of hits, as good as that check. Near-misses: misses just below the threshold whose "
+               "nearest cached answer was compared with the upstream's, the false-hit rate a lower threshold "
+               "would add.")
+    curve = verdicts.near_miss_curve(shadow)
+    if not curve.empty:
+        st.altair_chart(charts.near_miss_curve(curve), use_container_width=True)
 
 
 def comparison_section(view: View, summary) -> None:

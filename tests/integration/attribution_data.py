@@ -211,19 +211,19 @@ def warehouse_late(client, experiment_ids: list[str]) -> dict[tuple, int]:
 
 def expected_feedback(decisions: Iterable[CacheEvent], feedback: Iterable[FeedbackEvent],
                       window_s: int, join_s: int) -> dict[tuple, tuple[int, int]]:
-    """feedback_agg FINAL: the latest verdict per request, joined to its hit when it came
-    within join_s after it, per (feedback window, decision dimensions) -> (correct, wrong)."""
+    """feedback_agg FINAL: the latest verdict per request and source, joined to its hit when it came
+    within join_s after it, per (feedback window, decision dimensions, source) -> (correct, wrong)."""
     hits = {e.request_id: e for e in unique(decisions) if e.hit and e.event_type == "decision"}
-    latest: dict[str, FeedbackEvent] = {}
+    latest: dict[tuple[str, str], FeedbackEvent] = {}
     for f in feedback:  # produced in order, so the last one produced is the latest
         d = hits.get(f.request_id)
         if d is not None and d.ts_ms <= f.ts_ms <= d.ts_ms + join_s * 1000:
-            latest[f.request_id] = f
+            latest[(f.request_id, f.source)] = f
     counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-    for rid, f in latest.items():
+    for (rid, source), f in latest.items():
         d = hits[rid]
         key = (_window_start(f.ts_ms, window_s), d.experiment_id, d.arm, d.variant, d.namespace,
-               d.config_version, d.intent_cluster)
+               d.config_version, d.intent_cluster, source)
         counts[key][0 if f.verdict == "correct" else 1] += 1
     return {k: tuple(v) for k, v in counts.items()}
 
@@ -231,9 +231,9 @@ def expected_feedback(decisions: Iterable[CacheEvent], feedback: Iterable[Feedba
 def warehouse_feedback(client, experiment_ids: list[str]) -> dict[tuple, tuple[int, int]]:
     rows = client.query(
         "SELECT toUnixTimestamp64Milli(window_start), experiment_id, arm, variant, namespace, config_version,"
-        " intent_cluster, correct, wrong FROM feedback_agg FINAL WHERE experiment_id IN {ids:Array(String)}",
+        " intent_cluster, source, correct, wrong FROM feedback_agg FINAL WHERE experiment_id IN {ids:Array(String)}",
         parameters={"ids": experiment_ids}).result_rows
-    return {tuple(r[:7]): (r[7], r[8]) for r in rows if r[7] or r[8]}
+    return {tuple(r[:8]): (r[8], r[9]) for r in rows if r[8] or r[9]}
 
 
 def produce_feedback(bootstrap: str, topic: str, feedback: Iterable[FeedbackEvent]) -> None:

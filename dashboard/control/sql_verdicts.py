@@ -1,0 +1,60 @@
+"""Warehouse reads about verdicts by who gave them and by judge version (issue 25): shadow checks'
+verdicts (``shadow_feedback_raw``, apart from the users' ``feedback_raw``) and the judge's hit rate,
+false-hit rate and added latency per arm x judge version. Same conventions as ``sql``."""
+from __future__ import annotations
+
+from dashboard.control.sql import _DECISIONS_FILTER
+
+# Shadow checks' verdicts (cache_core.shadow) per arm x decision x similarity bin (0.01): on hits an
+# estimate of the false-hit rate; on misses (near-misses, verdicts on the nearest candidate's answer)
+# the false-hit curve below the threshold. shadow_feedback_raw holds only shadow verdicts.
+SHADOW_VERDICTS_SQL = f"""
+SELECT e.arm AS arm,
+       e.decision AS decision,
+       toInt64(floor(e.similarity * 100 + 1e-9)) * 10 AS similarity_milli,
+       countIf(f.verdict = 'correct') AS correct,
+       countIf(f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, arm, decision, similarity FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND similarity IS NOT NULL
+) AS e
+INNER JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm, decision, similarity_milli
+ORDER BY arm, decision, similarity_milli
+"""
+
+
+
+# Per arm x judge version ('' = no judge) from the decisions: requests, hits, the judge stage's
+# latency (judge_ms, NULL where no judge ran: avg / quantile skip NULLs), and the hits' verdicts from
+# users and from shadow checks, apart.
+JUDGE_VERSIONS_SQL = f"""
+SELECT e.arm AS arm,
+       ifNull(e.judge_version, '') AS judge_version,
+       count() AS requests,
+       countIf(e.decision = 'hit') AS hits,
+       countIf(e.judge_ms IS NOT NULL) AS judged,
+       avg(e.judge_ms) AS judge_ms_mean,
+       quantile(0.95)(e.judge_ms) AS judge_ms_p95,
+       countIf(e.decision = 'hit' AND u.verdict = 'correct') AS user_correct,
+       countIf(e.decision = 'hit' AND u.verdict = 'wrong') AS user_wrong,
+       countIf(e.decision = 'hit' AND s.verdict = 'correct') AS shadow_correct,
+       countIf(e.decision = 'hit' AND s.verdict = 'wrong') AS shadow_wrong
+FROM (
+    SELECT request_id, arm, decision, judge_version, judge_ms FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS u USING (request_id)
+LEFT JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS s USING (request_id)
+GROUP BY arm, judge_version
+ORDER BY arm, judge_version
+"""
+
+
+COLUMNS: dict[str, list[str]] = {
+    SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],
+    JUDGE_VERSIONS_SQL: ["arm", "judge_version", "requests", "hits", "judged", "judge_ms_mean", "judge_ms_p95",
+                         "user_correct", "user_wrong", "shadow_correct", "shadow_wrong"],
+}
+"""Output columns of each query (merged into the lookup of ``queries._frame``)."""

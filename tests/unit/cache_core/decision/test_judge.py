@@ -1,0 +1,181 @@
+"""The learned judge: training, its artifact, loading by version, and what a bad file does."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from cache_core.decision.judge import JUDGE_UNAVAILABLE, JUDGE_VETO, Unavailable, shelf_judges
+from cache_core.decision.judge_features import FEATURE_NAMES, TokenVectors, pair_features, words
+from cache_core.decision.judge_model import JudgeArtifact, JudgeLoadError, JudgeShelf, artifact_name
+from cache_core.decision.judge_train import PairsError, main as train_main, read_pairs, train
+from cache_core.decision.rule import HitRule
+from cache_core.experiments import ArmConfig, JudgeConfig
+from tests.unit.cache_core.decision.test_rule import candidate
+
+
+def _unit(word: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "little")
+    v = np.random.default_rng(seed).normal(size=16)
+    return v / np.linalg.norm(v)
+
+
+def fake_tokens(texts):
+    """Word vectors by hash: the same word aligns perfectly, different words barely."""
+    out = []
+    for text in texts:
+        ws = sorted(words(text)) or ["empty"]
+        out.append(TokenVectors(np.array([_unit(w) for w in ws]), ws))
+    return out
+
+
+def fake_encode(texts):
+    vecs = np.array([np.mean([_unit(w) for w in (sorted(words(t)) or ["empty"])], axis=0) for t in texts])
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def cos(a: str, b: str) -> float:
+    va, vb = fake_encode([a, b])
+    return float(va @ vb)
+
+
+TOPICS = ["card", "pin", "transfer", "refund", "loan", "account", "fee", "limit", "app", "cash"]
+VERBS = ["reset", "change", "cancel", "check", "order", "close", "raise", "find"]
+
+
+TEMPLATES = ["{verb} {topic} please, how", "how do i {verb} my {topic} please", "how can i {verb} my {topic}"]
+
+
+def labelled_pairs(n: int = 600, seed: int = 1) -> list[tuple[str, str, int]]:
+    """A stored "how do i VERB my TOPIC" asked again reworded: 1; reworded with another verb: 0."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for i in range(n):
+        topic, verb, template = rng.choice(TOPICS), rng.choice(VERBS), rng.choice(TEMPLATES)
+        asked = verb if i % 2 else rng.choice([v for v in VERBS if v != verb])
+        pairs.append((f"how do i {verb} my {topic}", template.format(verb=asked, topic=topic), int(i % 2)))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def artifact() -> JudgeArtifact:
+    return train(labelled_pairs(), [], fake_encode, fake_tokens, version="t1", encoder="fake", seed=3)
+
+
+def test_features_have_the_pinned_names_and_see_the_word_that_differs():
+    same, other = fake_tokens(["how do i reset my pin", "reset pin how"]), fake_tokens(["how do i cancel my pin"])
+    f_same = dict(zip(FEATURE_NAMES, pair_features("how do i reset my pin", "reset pin how", 0.9, *same)))
+    f_other = dict(zip(FEATURE_NAMES, pair_features("how do i reset my pin", "how do i cancel my pin", 0.9,
+                                                    same[0], other[0])))
+    assert len(f_same) == len(FEATURE_NAMES)
+    assert f_same["align_worst"] > 0.99 > 0.6 > f_other["align_worst"]
+    assert f_other["unaligned"] >= 2 and f_same["unaligned"] == 0
+
+
+def test_training_is_deterministic_under_a_seed(artifact):
+    again = train(labelled_pairs(), [], fake_encode, fake_tokens, version="t1", encoder="fake", seed=3)
+    body = {k: v for k, v in artifact.to_json().items() if k not in ("report", "sha256")}
+    assert body == {k: v for k, v in again.to_json().items() if k not in ("report", "sha256")}
+
+
+def test_the_trained_judge_separates_the_pairs_and_reports_operating_points(artifact):
+    report = artifact.report
+    assert report["auc"] > 0.95
+    assert set(artifact.operating_points) == {"0.02", "0.05", "0.10"}
+    assert report["operating_points"]["0.05"]["recall"] > 0.9
+
+
+def test_an_artifact_round_trips_through_its_file(tmp_path, artifact):
+    path = artifact.save(tmp_path)
+    assert path.name == "judge-t1.json"
+    loaded = JudgeArtifact.load(path)
+    X = np.random.default_rng(0).random((50, len(FEATURE_NAMES)))
+    assert np.allclose(loaded.probabilities(X), artifact.probabilities(X))
+    assert loaded.operating_points == artifact.operating_points
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda text: text[: len(text) // 2], "not readable JSON"),
+    (lambda text: text.replace('"baseline": ', '"baseline": 1', 1), "digest does not match"),
+    (lambda text: json.dumps({**json.loads(text), "format": "other/9"}), "format"),
+])
+def test_a_damaged_artifact_is_a_clear_error(tmp_path, artifact, damage, message):
+    path = artifact.save(tmp_path)
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(JudgeLoadError, match=message):
+        JudgeArtifact.load(path)
+
+
+def test_versions_are_file_names_never_paths():
+    with pytest.raises(ValueError):
+        artifact_name("../etc/passwd")
+    with pytest.raises(ValueError):
+        JudgeConfig(version="../x")
+
+
+def test_the_shelf_serves_judged_lookups_and_misses_while_the_file_is_bad(tmp_path, artifact, caplog):
+    clock = [0.0]
+    shelf = JudgeShelf(tmp_path, tokens=lambda: fake_tokens, retry_s=30, clock=lambda: clock[0])
+    rule = HitRule(judges=shelf_judges(shelf))
+    arm = ArmConfig(name="a", threshold=0.1, judge=JudgeConfig(version="t1"))
+    query = "how can i reset my card"
+    cands = [candidate("how do i cancel my card", cos(query, "how do i cancel my card")),
+             candidate("how do i reset my card", cos(query, "how do i reset my card"))]
+    (tmp_path / "judge-t1.json").write_text("{not json")
+    with caplog.at_level(logging.ERROR):
+        decision = rule.decide(query, cands, arm, cluster=0)
+    assert not decision.hit and decision.guard == JUDGE_UNAVAILABLE
+    assert "judge unavailable" in caplog.text and shelf.error("t1")
+    artifact.save(tmp_path)  # fixed on disk: picked up after the retry interval, no restart
+    assert not rule.decide(query, cands, arm, cluster=0).hit
+    clock[0] = 31.0
+    decision = rule.decide(query, cands, arm, cluster=0)
+    assert decision.hit and decision.served.entry.query == "how do i reset my card"
+    assert decision.judge_version == "t1" and decision.judge_probability > 0.5
+    only_wrong = rule.decide(query, cands[:1], arm, cluster=0)
+    assert not only_wrong.hit and only_wrong.guard == JUDGE_VETO
+
+
+def test_a_new_version_in_the_config_is_used_by_the_next_lookup(tmp_path, artifact):
+    artifact.save(tmp_path)
+    JudgeArtifact(**{**artifact.__dict__, "version": "t2", "operating_points": {"0.05": 1.01}}).save(tmp_path)
+    rule = HitRule(judges=shelf_judges(JudgeShelf(tmp_path, tokens=lambda: fake_tokens)))
+    cands = [candidate("how do i reset my card", cos("how can i reset my card", "how do i reset my card"))]
+    v1 = ArmConfig(name="a", threshold=0.1, judge=JudgeConfig(version="t1"))
+    assert rule.decide("how can i reset my card", cands, v1, cluster=0).hit
+    v2 = v1.model_copy(update={"judge": JudgeConfig(version="t2")})  # the control topic's next config
+    decision = rule.decide("how can i reset my card", cands, v2, cluster=0)
+    assert decision.judge_version == "t2" and not decision.hit
+
+
+def test_missing_versions_are_unavailable_not_errors(tmp_path):
+    lookup = shelf_judges(JudgeShelf(tmp_path, tokens=lambda: fake_tokens))
+    got = lookup(ArmConfig(name="a", judge=JudgeConfig(version="nope")))
+    assert isinstance(got, Unavailable) and got.on_unavailable == "miss"
+
+
+def test_pairs_files_csv_and_jsonl(tmp_path):
+    csv_file = tmp_path / "p.csv"
+    csv_file.write_text("query,cached_query,label\nreset pin,how to reset my pin,1\nclose card,reset pin,wrong\n")
+    assert read_pairs(csv_file) == [("how to reset my pin", "reset pin", 1), ("reset pin", "close card", 0)]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"query": "a", "cached_query": "b", "label": true}\n{"query": "c", "cached_query": "d", "label": 0}\n')
+    assert [p[2] for p in read_pairs(jsonl)] == [1, 0]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("query,cached_query,label\na,b,maybe\n", "neither"),
+    ("query,cached_query\na,b\n", "needs query, cached_query and label"),
+    ("query,cached_query,label\na,b,1\nc,d,1\n", "both correct and wrong"),
+])
+def test_bad_pairs_files_are_one_line_errors(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(PairsError, match=message):
+        read_pairs(path)
+    assert train_main(["--pairs", str(path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
