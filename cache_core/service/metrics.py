@@ -48,7 +48,8 @@ class ServiceMetrics:
     def __init__(self, cache: SemanticCache, publisher_stats: Callable[[], dict],
                  persistence_stats: Callable[[], dict] | None = None,
                  replication_stats: Callable[[], dict] | None = None,
-                 feedback_stats: Callable[[], dict | None] | None = None):
+                 feedback_stats: Callable[[], dict | None] | None = None,
+                 shadow_stats: Callable[[], dict | None] | None = None):
         self.registry = CollectorRegistry()
         labels = ["experiment", "arm"]
         self.requests = Counter("scache_requests", "Lookups by decision", labels + ["decision"],
@@ -80,6 +81,8 @@ class ServiceMetrics:
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, _resident_memory_bytes, fds, ...
         self.registry.register(_ScrapeTimeGauges(cache, publisher_stats, persistence_stats, replication_stats,
                                                  feedback_stats))
+        if shadow_stats is not None:
+            self.registry.register(_ShadowChecks(shadow_stats))
 
     def observe_lookup(self, event: CacheEvent) -> None:
         self.requests.labels(event.experiment_id, event.arm, event.decision).inc()
@@ -194,6 +197,35 @@ class _ScrapeTimeGauges:
         pending = GaugeMetricFamily("scache_ann_check_pending", "ANN checks waiting for a batch")
         pending.add_metric([], float(stats["pending"]))
         yield pending
+
+
+SHADOW_OUTCOMES = ("queued", "dropped_budget", "dropped_queue", "dropped_closed", "hit_correct", "hit_wrong",
+                   "near_miss_correct", "near_miss_wrong", "no_answer", "errors")
+
+
+class _ShadowChecks:
+    """Shadow checks' figures (``cache_core.shadow.checker.ShadowChecker.stats``; only when enabled)."""
+
+    def __init__(self, stats: Callable[[], dict | None]):
+        self.stats = stats
+
+    def collect(self):
+        stats = self.stats()
+        if stats is None:
+            return
+        checks = CounterMetricFamily("scache_shadow_checks", "Shadow checks by outcome", labels=["outcome"])
+        for outcome in SHADOW_OUTCOMES:
+            checks.add_metric([outcome], float(stats.get(outcome, 0)))
+        yield checks
+        calls = CounterMetricFamily("scache_shadow_upstream_calls", "Extra upstream calls made by shadow checks")
+        calls.add_metric([], float(stats.get("upstream_calls", 0)))
+        yield calls
+        seconds = CounterMetricFamily("scache_shadow_upstream_seconds", "Time spent in those calls")
+        seconds.add_metric([], float(stats.get("upstream_s", 0.0)))
+        yield seconds
+        waiting = GaugeMetricFamily("scache_shadow_waiting", "Shadow checks queued, not yet running")
+        waiting.add_metric([], float(stats.get("waiting", 0)))
+        yield waiting
 
 
 def _topic_follower(prefix: str, stats: dict, outcomes: tuple[str, ...], *, messages_help: str,

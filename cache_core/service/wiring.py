@@ -266,7 +266,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     parts.metrics = ServiceMetrics(
         cache, publisher.stats, persistence.metrics if persistence else None,
         entry_follower.stats if entry_follower else None,
-        feedback_stats=lambda: parts.feedback_follower.stats() if parts.feedback_follower else None)
+        feedback_stats=lambda: parts.feedback_follower.stats() if parts.feedback_follower else None,
+        shadow_stats=parts.shadow.stats if parts.shadow.enabled else None)
     metrics.append(parts.metrics)
     if sweeper is not None:
         closers.append(("expiry sweeper", sweeper.stop))

@@ -30,9 +30,10 @@ def _exported(minilm_embedder, tmp_path) -> dict[str, str]:
     return {f.name: f.type for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
 
 
-# Exported only under conditions the fixture does not create (batched ANN checks).
+# Exported only under conditions the fixture does not create (batched ANN checks, shadow checks on).
 CONDITIONAL = {"scache_ann_checks_dropped", "scache_ann_checks_batched", "scache_ann_check_batches",
-               "scache_ann_check_cpu_seconds", "scache_ann_check_pending"}
+               "scache_ann_check_cpu_seconds", "scache_ann_check_pending", "scache_shadow_checks",
+               "scache_shadow_upstream_calls", "scache_shadow_upstream_seconds", "scache_shadow_waiting"}
 
 
 def test_every_exported_metric_is_documented_with_its_type(minilm_embedder, tmp_path):

@@ -140,3 +140,16 @@ def _timed(call):
     started = time.perf_counter()
     response = call()
     return (time.perf_counter() - started) * 1000, response
+
+
+def test_shadow_checks_are_on_metrics_when_enabled(minilm_embedder, upstream):
+    client, components = make_client(minilm_embedder, upstream, RecordingPublisher(), calls_per_minute=1)
+    with client:
+        client.post("/v1/store", json={"query": "What is the card fee?", "answer": "x", "unit_id": "u"})
+        for _ in range(3):
+            client.post("/v1/lookup", json={"query": "What is the card fee?", "unit_id": "u"})
+        wait_until(lambda: components.shadow.stats().get("hit_wrong", 0) == 1, 10, "the one check in budget")
+        text = client.get("/metrics").text
+    assert 'scache_shadow_checks_total{outcome="dropped_budget"} 2.0' in text
+    assert 'scache_shadow_checks_total{outcome="hit_wrong"} 1.0' in text
+    assert "scache_shadow_upstream_calls_total 1.0" in text and "scache_shadow_waiting 0.0" in text
