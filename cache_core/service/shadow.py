@@ -17,10 +17,13 @@ from cache_core.shadow.checker import ShadowChecker
 from cache_core.shadow.equivalence import from_settings
 
 
-def shadow_request(body: ChatCompletionRequest, headers) -> tuple[ChatCompletionRequest, dict]:
-    """What a chat hit hands its shadow check: the request and the caller's forwarded headers (its
-    credentials), captured while the request is in hand (cheap: the copy is made on the worker)."""
-    return body, {name: headers[name] for name in chat.FORWARDED_HEADERS if name in headers}
+def shadow_request(body: ChatCompletionRequest, headers,
+                   key_in_authorization: bool = False) -> tuple[ChatCompletionRequest, dict]:
+    """What a chat hit hands its shadow check: the request and the headers the upstream may see,
+    captured while the request is in hand. They are chosen as for the request's own upstream call
+    (``chat.upstream_headers``): an Authorization that carried the caller's scache key never leaves."""
+    return body, {name: headers[name] for name in chat.FORWARDED_HEADERS if name in headers
+                  and not (name == "authorization" and key_in_authorization)}
 
 
 def unstreamed(body: ChatCompletionRequest) -> ChatCompletionRequest:

@@ -31,10 +31,11 @@ logged one (``multi_min_threshold``) are therefore unsupported and never recomme
 (The replays themselves are in ``whatif``; a multi arm's score floor and answer margin are
 tuned by ``tuning_multi``, canaries judged by ``canary``.)
 
-Re-runs: the bound holds over every look and for all candidates of a pass at once, so
-``autotune --every`` on a rolling window does not spend alpha again on each run (at 1 wrong
-of 156 labels and 13 candidates it is 7.2% where a one-pass Clopper-Pearson bound is 3.0%:
-it needs more labels). Known limits, not yet fixed (issue 26, items 2, 4 and 5): cluster
+Re-runs: the bound is time-uniform over the looks at one growing sample and split over the
+candidates of a pass (at 1 wrong of 156 labels and 13 candidates it is 7.2% where a one-pass
+Clopper-Pearson bound is 3.0%: it needs more labels). ``autotune --every`` reads a rolling
+window, not one growing sample, so whether a week of re-runs keeps the level has not been
+shown (no simulation of it yet). Known limits, not yet fixed (issue 26, items 2, 4 and 5): cluster
 changes and ``--canary-share 0`` go out without a canary; labels are taken as a random
 sample of hits; and the estimated hit rate holds the cache's contents fixed (a cache
 stores an entry on each miss, so a lower threshold also changes what is stored). A change

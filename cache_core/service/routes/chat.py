@@ -81,7 +81,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
             if result.hit:
                 metrics.chat.labels("hit").inc()
                 if components.shadow is not None:  # never waits: a sampled hit is checked in the background
-                    components.shadow.after_hit(result, query, shadow_request(body, request.headers))
+                    components.shadow.after_hit(result, query, shadow_request(
+                        body, request.headers, caller.consumed_authorization))
                 headers = {**cache_headers, "x-scache-hit": "1"}
                 if body.stream:
                     return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
