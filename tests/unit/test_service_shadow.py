@@ -116,9 +116,10 @@ def test_a_near_miss_compares_the_upstream_answer_with_the_nearest_at_no_extra_c
         miss = chat(client, "How do I change my email address?")
         assert miss.headers["x-scache-hit"] == "0"
         request_id = miss.headers["x-scache-request-id"]
-        wait_until(lambda: request_id in shadow_verdicts(publisher), 10, "near-miss verdict")
+        wait_until(lambda: request_id in shadow_verdicts(publisher), 30, "near-miss verdict")
         assert len(upstream.calls) == calls + 1         # only the miss's own forward
         assert shadow_verdicts(publisher)[request_id] == "wrong"
+        wait_until(lambda: any(e.request_id == request_id for e in publisher.events), 30, "the miss's event")
         event = next(e for e in publisher.events if e.request_id == request_id)
         assert event.decision == "miss" and 0.01 <= event.similarity < 0.8   # the curve below the threshold
 
