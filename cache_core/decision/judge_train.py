@@ -22,7 +22,6 @@ replica reads from its ``SCACHE_CACHE__JUDGE_DIR``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import sys
@@ -48,22 +47,18 @@ class PairsError(ValueError):
 
 
 def read_pairs(path: Path) -> list[Pair]:
-    """Rows of a CSV (with header) or JSON Lines file as (cached_query, query, label)."""
-    if not path.is_file():
-        raise PairsError(f"{path}: no such file")
-    rows: list[dict] = []
-    text = path.read_text(encoding="utf-8-sig")
-    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as exc:
-                    raise PairsError(f"{path}:{n}: not JSON ({exc})") from None
-    else:
-        rows = list(csv.DictReader(text.splitlines()))
+    """Rows of a CSV (with header) or JSON Lines file as (cached_query, query, label); the file is
+    read as the seeder reads its files (``cache_core.seed.read_records``)."""
+    from cache_core.seed import SeedError, read_records
+
+    try:
+        records = read_records(path)
+    except SeedError as exc:
+        raise PairsError(str(exc)) from None
     pairs = []
-    for n, row in enumerate(rows, 1):
+    for n, row in records:
+        if isinstance(row, SeedError):
+            raise PairsError(f"{path}:{n}: {row}")
         if not isinstance(row, dict) or not all(row.get(k) not in (None, "") for k in ("query", "cached_query", "label")):
             raise PairsError(f"{path}: row {n} needs query, cached_query and label")
         label = str(row["label"]).strip().lower()
