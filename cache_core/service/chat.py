@@ -32,7 +32,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -231,22 +231,6 @@ def chunks_of_completion(completion: dict, body: ChatCompletionRequest) -> Itera
                              finish_reason=str(choice.get("finish_reason") or "stop"))
 
 
-def sse_data(lines: Iterable[str]) -> Iterator[str]:
-    """The ``data`` of each event of an SSE line stream (multi-line data joined by newlines;
-    comments, other fields and empty events skipped)."""
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-            data = []
-        elif line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:  # a last event without its blank line
-        yield "\n".join(data)
-
-
 @dataclass
 class StreamedReply:
     """What a relayed upstream stream said, for the cache and the metrics."""
@@ -342,7 +326,8 @@ def _finished_nowait(finished: Callable[[StreamedReply], Awaitable[None]], reply
 
 
 async def _sse_data_async(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """``sse_data`` over an async line stream."""
+    """The ``data`` of each event of an SSE line stream (multi-line data joined by newlines;
+    comments, other fields and empty events skipped)."""
     data: list[str] = []
     async for line in lines:
         if not line:
