@@ -162,10 +162,12 @@ class SemanticCache:
             now = self.clock()
             outcome = partition.search(req.vec, scope, now)
             if not judged:
-                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
+                                            experiment_id=req.experiment.experiment_id)
                 ttl_fields = self._touch(partition, decision, outcome, arm, now)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
-            decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant)
+            decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
+                                            experiment_id=req.experiment.experiment_id)
             with partition.lock:
                 ttl_fields = self._touch(partition, decision, outcome, arm, now)
         shown = decision.served or outcome.best

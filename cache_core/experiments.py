@@ -5,6 +5,7 @@ Kept free of heavy imports: the dashboard, the Flink job and the tests use it.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -51,6 +52,55 @@ class JudgeConfig(_Closed):
     on_unavailable: Literal["miss", "threshold"] = "miss"
     """If the artifact cannot be loaded: "miss" (safe: nothing unjudged is served; every
     lookup goes to the model) or "threshold" (serve by the arm's cosine threshold alone)."""
+
+
+class ErrorBoundedThresholds(_Closed):
+    """Learn the threshold from verdicts under an error bound (cache_core.decision.error_bound):
+    per cached entry, else per intent cluster, else over the arm's verdicts, each level only
+    once it holds enough verdicts to certify ``delta``; before that the arm's ``threshold``."""
+
+    kind: Literal["error_bounded"] = "error_bounded"
+    delta: float = Field(gt=0.0, lt=0.5)
+    """The bound on the share of wrong hits (P(wrong | served)) the learnt thresholds keep."""
+    confidence: float = Field(0.9, ge=0.5, lt=1.0)
+    """How sure each level must be (one-sided Clopper-Pearson) that its threshold keeps ``delta``."""
+    min_verdicts: int | None = Field(None, ge=1, le=100_000)
+    """Verdicts a level needs before it decides (None: the fewest that can certify ``delta`` at
+    ``confidence`` with no wrong verdict, e.g. 45 for 0.05 at 0.9)."""
+    floor: float = Field(0.5, ge=-1.0, le=1.0)
+    """The lowest threshold a level may learn."""
+    step: float = Field(0.005, gt=0.0, le=0.1)
+    """Spacing of the candidate thresholds, tested from 1.0 down to ``floor``."""
+
+    @model_validator(mode="after")
+    def _can_certify(self) -> "ErrorBoundedThresholds":
+        needed = verdicts_to_certify(self.delta, self.confidence)
+        if self.min_verdicts is not None and self.min_verdicts < needed:
+            raise ValueError(f"threshold_policy: min_verdicts={self.min_verdicts} cannot certify delta={self.delta} "
+                             f"at confidence={self.confidence}: it needs at least {needed} verdicts")
+        return self
+
+    @property
+    def verdicts_needed(self) -> int:
+        """``min_verdicts``, or the fewest verdicts that can certify ``delta``."""
+        if self.min_verdicts is not None:
+            return self.min_verdicts
+        return verdicts_to_certify(self.delta, self.confidence)
+
+
+def verdicts_to_certify(delta: float, confidence: float) -> int:
+    """The fewest verdicts, all correct, whose one-sided Clopper-Pearson upper bound at
+    ``confidence`` on the wrong share is at most ``delta``: 1 - (1 - confidence)^(1/n) <= delta."""
+    return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - delta) - 1e-9)
+
+
+class GlobalThreshold(_Closed):
+    """The arm's ``threshold`` (and ``cluster_thresholds``) decide: the default."""
+
+    kind: Literal["global"] = "global"
+
+
+ThresholdPolicy = Annotated[GlobalThreshold | ErrorBoundedThresholds, Field(discriminator="kind")]
 
 
 class CanaryConfig(_Closed):
@@ -151,6 +201,9 @@ class ArmConfig(_Closed):
     multi: MultiSimilarityConfig = Field(default_factory=MultiSimilarityConfig)
     judge: JudgeConfig | None = None
     """A learned second stage after the threshold (None: the threshold decides)."""
+    threshold_policy: ThresholdPolicy = Field(default_factory=GlobalThreshold)
+    """How the cosine threshold is chosen: "global" (``threshold`` / ``cluster_thresholds``) or
+    "error_bounded" (learnt from verdicts under ``delta``; canary units keep the canary's)."""
     invalidate_after_wrong: int = Field(1, ge=0)
     """Remove an entry once this many units (users) got a "wrong" verdict on a hit it served
     (cache_core.state.feedback); 0: feedback never removes entries."""

@@ -8,18 +8,23 @@ Stages, in order (the package docstring has the rule in words):
 3. judge: on an arm with one, the judge picks the most probable of the candidates the
    guards let through and serves it if it reaches the operating point (``judge``).
 Without a judge, the first eligible candidate no guard vetoes is served.
+
+The threshold of stage 1 is the arm's (``thresholds``), or on an arm with an
+``error_bounded`` threshold policy each candidate's own, learnt from verdicts on its entry,
+its intent cluster or the arm (``error_bound``; canary units keep the canary's threshold).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from cache_core.decision.error_bound import ThresholdSource, VerdictBook
 from cache_core.decision.guards import first_conflict
 from cache_core.decision.judge import (JUDGE_UNAVAILABLE, JUDGE_VETO, Judge, JudgeLookup, Unavailable,
                                        judge_config, no_judges)
 from cache_core.decision.rerank import Weights, rank
 from cache_core.decision.thresholds import multi_for, threshold_for
-from cache_core.experiments import ArmConfig, Variant
+from cache_core.experiments import ArmConfig, ErrorBoundedThresholds, Variant
 from cache_core.records import Candidate
 
 
@@ -28,7 +33,10 @@ class Decision:
     """What the rule decided for one lookup."""
 
     threshold: float
-    """The cosine threshold the lookup was decided by (arm, cluster, variant)."""
+    """The cosine threshold the lookup was decided by (arm, cluster, variant; on an error-bounded
+    arm the served candidate's, or on a miss the nearest candidate's)."""
+    threshold_source: ThresholdSource | None = None
+    """Error-bounded arms: which level set ``threshold`` (entry, cluster, arm or static)."""
     served: Candidate | None = None
     """The candidate served; None: a miss."""
     guard: str | None = None
@@ -52,16 +60,44 @@ class Decision:
 
 
 class HitRule:
-    """Decides lookups; stateless apart from how it finds an arm's judge (``judges``)."""
+    """Decides lookups. Its state: how it finds an arm's judge (``judges``) and the verdicts
+    error-bounded arms learn their thresholds from (``verdicts``, fed by the cache's
+    ``apply`` of ``Verdict`` changes)."""
 
-    def __init__(self, judges: JudgeLookup = no_judges):
+    def __init__(self, judges: JudgeLookup = no_judges, verdicts: VerdictBook | None = None):
         self._judges = judges
+        self.verdicts = verdicts if verdicts is not None else VerdictBook()
 
     def decide(self, query: str, candidates: list[Candidate], arm: ArmConfig, cluster: int | None,
-               variant: Variant = "base") -> Decision:
+               variant: Variant = "base", experiment_id: str = "") -> Decision:
         """Serve an eligible candidate no guard vetoes, chosen by the arm's judge if it has one.
         ``candidates``: the live ones the search found, best cosine first."""
-        decision = self._eligible(query, candidates, arm, threshold_for(arm, cluster, variant), variant)
+        bounds = self._bounds(candidates, arm, cluster, variant, experiment_id)
+        static = threshold_for(arm, cluster, variant)
+        decision = self._eligible(query, candidates, arm, static if bounds is None else bounds[0][0], variant,
+                                  None if bounds is None else [t for t, _ in bounds])
+        self._serve(query, decision, arm, variant)
+        if bounds is not None:  # the threshold the served (or, on a miss, the nearest) candidate had
+            at = next((i for i, c in enumerate(candidates) if c is decision.served), 0)
+            decision.threshold, decision.threshold_source = bounds[at]
+        return decision
+
+    def _bounds(self, candidates: list[Candidate], arm: ArmConfig, cluster: int | None, variant: Variant,
+                experiment_id: str) -> list[tuple[float, ThresholdSource]] | None:
+        """Error-bounded arms: each candidate's learnt threshold and its level (one for the
+        query's cluster when there is no candidate); None on other arms and canary units."""
+        policy = arm.threshold_policy
+        if not isinstance(policy, ErrorBoundedThresholds) or (variant == "canary" and arm.canary is not None):
+            return None
+        static = threshold_for(arm, cluster, variant)
+        if not candidates:
+            return [self.verdicts.threshold(experiment_id, arm.name, policy, "", -1 if cluster is None else cluster,
+                                            static)]
+        return [self.verdicts.threshold(experiment_id, arm.name, policy, c.entry.entry_id, c.entry.intent_cluster,
+                                        static) for c in candidates]
+
+    def _serve(self, query: str, decision: Decision, arm: ArmConfig, variant: Variant) -> None:
+        """Stages 2 and 3: guards, then the judge, over the eligible candidates."""
         judge = self._judges(arm, variant) if judge_config(arm, variant) is not None else None
         allowed = []
         for candidate in decision.eligible:
@@ -77,10 +113,9 @@ class HitRule:
             decision.judge_version = judge.version
             if decision.served is None and (allowed or decision.eligible):
                 decision.guard = decision.guard or JUDGE_UNAVAILABLE
-            return decision
+            return
         if judge is not None and allowed:
             self._judge(query, allowed[:judge_config(arm, variant).candidates], judge, decision)
-        return decision
 
     @staticmethod
     def _judge(query: str, allowed: list[Candidate], judge: Judge, decision: Decision) -> None:
@@ -95,12 +130,15 @@ class HitRule:
             decision.served = allowed[best]
         else:
             decision.guard = decision.guard or JUDGE_VETO
+
     @staticmethod
     def _eligible(query: str, candidates: list[Candidate], arm: ArmConfig, threshold: float,
-                  variant: Variant) -> Decision:
-        """Candidates that may be served, best first: by cosine, or re-ranked (multi)."""
+                  variant: Variant, own: list[float] | None = None) -> Decision:
+        """Candidates that may be served, best first: by cosine (against ``own``, each candidate's
+        threshold, when given), or re-ranked (multi: ``threshold``, the nearest candidate's, for all)."""
         if arm.similarity == "cosine":
-            return Decision(threshold, eligible=[c for c in candidates if c.similarity >= threshold])
+            cuts = own if own is not None else [threshold] * len(candidates)
+            return Decision(threshold, eligible=[c for c, cut in zip(candidates, cuts) if c.similarity >= cut])
         multi = multi_for(arm, variant)
         ranked = rank(query, [c.entry.query for c in candidates],
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],

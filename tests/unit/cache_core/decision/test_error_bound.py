@@ -1,0 +1,130 @@
+"""Error-bounded thresholds (cache_core.decision.error_bound): the bound holds in a seeded
+simulation, the levels fall back in order, the option validates, and decide() uses it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from cache_core.decision.error_bound import (NOTHING_SAFE, Judged, VerdictBook, certified_threshold,
+                                             wrong_upper_bound)
+from cache_core.decision.rule import HitRule
+from cache_core.experiments import ArmConfig, CanaryConfig, ErrorBoundedThresholds, verdicts_to_certify
+from cache_core.records import CacheEntry, Candidate
+
+POLICY = ErrorBoundedThresholds(delta=0.05)
+
+
+def p_wrong(s: np.ndarray, boundary: float) -> np.ndarray:
+    """The simulated truth: wrong-answer odds fall steeply with similarity around ``boundary``."""
+    return 1.0 / (1.0 + np.exp(40.0 * (s - boundary)))
+
+
+def served_error(theta: float, boundary: float) -> float:
+    """P(wrong | s >= theta) for similarities uniform on [0.6, 1]."""
+    grid = np.linspace(theta, 1.0, 2001)
+    return float(p_wrong(grid, boundary).mean()) if theta <= 1.0 else 0.0
+
+
+def test_the_bound_is_clopper_pearson_and_certification_needs_enough_verdicts():
+    assert verdicts_to_certify(0.05, 0.9) == 45
+    assert wrong_upper_bound(0, 45, 0.9) <= 0.05 < wrong_upper_bound(0, 44, 0.9)
+    assert wrong_upper_bound(3, 3, 0.9) == 1.0
+    sims = np.full(44, 0.99)
+    assert certified_threshold(sims, np.zeros(44, bool), POLICY) is None  # too young to decide
+
+
+@pytest.mark.parametrize("boundary", [0.75, 0.85, 0.92])
+def test_learnt_thresholds_keep_delta_in_a_seeded_simulation(boundary):
+    """Over 300 seeded windows of 400 verdicts, the served error at the learnt threshold exceeds
+    δ in at most 1 − confidence of them (plus slack), and the threshold is not uselessly high."""
+    rng = np.random.default_rng(7)
+    breaches, thetas = 0, []
+    for _ in range(300):
+        sims = rng.uniform(0.6, 1.0, 400)
+        wrong = rng.random(400) < p_wrong(sims, boundary)
+        theta = certified_threshold(sims, wrong, POLICY)
+        assert theta is not None
+        thetas.append(theta)
+        breaches += served_error(theta, boundary) > POLICY.delta
+    assert breaches / 300 <= (1 - POLICY.confidence) + 0.03
+    best = min(t for t in np.arange(0.6, 1.0, 0.005) if served_error(t, boundary) <= POLICY.delta)
+    assert np.median(thetas) <= best + 0.06  # it learns something close to the best cut, not 1.0
+
+
+def test_evidence_of_wrong_answers_serves_nothing_rather_than_falling_back():
+    sims = np.linspace(0.9, 1.0, 100)
+    assert certified_threshold(sims, np.arange(100) % 3 == 0, POLICY) == NOTHING_SAFE
+
+
+def judged(entry: str, cluster: int, similarity: float, wrong: bool = False) -> Judged:
+    return Judged("e", "a", entry, cluster, similarity, wrong)
+
+
+def test_levels_fall_back_entry_then_cluster_then_arm_then_static():
+    book = VerdictBook()
+    assert book.threshold("e", "a", POLICY, "x", 0, 0.9) == (0.9, "static")
+    for i in range(45):  # entries y0.., cluster 1: enough at the arm level only
+        book.record(judged(f"y{i}", 1, 0.80 + i * 0.004))
+    theta, source = book.threshold("e", "a", POLICY, "x", 0, 0.9)
+    assert source == "arm" and theta == pytest.approx(0.80)
+    for i in range(45):  # cluster 0 gets its own verdicts, all at >= 0.95
+        book.record(judged(f"z{i}", 0, 0.95 + i * 0.001))
+    assert book.threshold("e", "a", POLICY, "x", 0, 0.9) == (pytest.approx(0.95), "cluster")
+    for _ in range(45):  # entry x is judged wrong at 0.97 and below, right above
+        book.record(judged("x", 0, 0.97, wrong=True))
+    assert book.threshold("e", "a", POLICY, "x", 0, 0.9) == (NOTHING_SAFE, "entry")
+    assert book.threshold("e", "other-arm", POLICY, "x", 0, 0.9) == (0.9, "static")
+    assert book.counts("e", "a") == {"verdicts": 135, "entries": 91, "clusters": 2}
+
+
+def test_the_option_is_validated_with_clear_errors():
+    assert ArmConfig(name="a").threshold_policy.kind == "global"
+    with pytest.raises(ValidationError, match="delta"):
+        ArmConfig(name="a", threshold_policy={"kind": "error_bounded"})
+    with pytest.raises(ValidationError, match="does not match any of the expected tags"):
+        ArmConfig(name="a", threshold_policy={"kind": "errorbound", "delta": 0.05})
+    with pytest.raises(ValidationError, match="needs at least 45 verdicts"):
+        ArmConfig(name="a", threshold_policy={"kind": "error_bounded", "delta": 0.05, "min_verdicts": 10})
+    with pytest.raises(ValidationError, match="delta"):
+        ArmConfig(name="a", threshold_policy={"kind": "error_bounded", "delta": 0.7})
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        ArmConfig(name="a", threshold_policy={"kind": "error_bounded", "delta": 0.05, "detla": 1})
+
+
+def candidate(entry_id: str, similarity: float, cluster: int = 0) -> Candidate:
+    entry = CacheEntry(entry_id=entry_id, query=entry_id, embedding=np.zeros(2, dtype=np.float32), answer="a",
+                       created_at=0.0, ttl_s=60.0, ttl_policy="absolute", max_age_s=60.0,
+                       namespace="default", intent_cluster=cluster)
+    return Candidate(entry, similarity)
+
+
+def test_decide_uses_each_candidates_learnt_threshold_and_reports_its_source():
+    rule = HitRule()
+    for i in range(45):
+        rule.verdicts.record(Judged("e", "a", f"y{i}", 0, 0.70 + i * 0.001, False))
+    for _ in range(45):
+        rule.verdicts.record(Judged("e", "a", "bad", 1, 0.99, True))
+    bounded = ArmConfig(name="a", threshold=0.9, threshold_policy={"kind": "error_bounded", "delta": 0.05})
+    decision = rule.decide("q", [candidate("bad", 0.95), candidate("good", 0.75)], bounded, 0, experiment_id="e")
+    assert decision.served.entry.entry_id == "good"
+    assert (decision.threshold, decision.threshold_source) == (pytest.approx(0.70), "cluster")
+    miss = rule.decide("q", [candidate("bad", 0.95)], bounded, 0, experiment_id="e")
+    assert not miss.hit and (miss.threshold, miss.threshold_source) == (NOTHING_SAFE, "entry")
+    static = rule.decide("q", [candidate("good", 0.75)], ArmConfig(name="a", threshold=0.9), 0, experiment_id="e")
+    assert not static.hit and static.threshold == 0.9 and static.threshold_source is None
+    canary = bounded.model_copy(update={"canary": CanaryConfig(threshold=0.8, share=0.5)})
+    in_canary = rule.decide("q", [candidate("good", 0.75)], canary, 0, "canary", experiment_id="e")
+    assert not in_canary.hit and in_canary.threshold == 0.8 and in_canary.threshold_source is None
+
+
+def test_the_book_round_trips_through_its_exported_state():
+    book = VerdictBook()
+    for i in range(60):
+        book.record(judged(f"y{i % 7}", i % 3, 0.8 + i * 0.003, wrong=i % 20 == 0))
+    copy = VerdictBook()
+    copy.load_state(book.export_state())
+    assert copy.export_state() == book.export_state()
+    for entry, cluster in (("y1", 0), ("nope", 2), ("nope", 9)):
+        assert copy.threshold("e", "a", POLICY, entry, cluster, 0.9) == book.threshold("e", "a", POLICY, entry,
+                                                                                       cluster, 0.9)
