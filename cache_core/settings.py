@@ -265,6 +265,10 @@ class ShadowSettings(_Documented):
     """A chat miss whose nearest candidate was this close below the threshold (similarity in
     [threshold - band, threshold)) has its upstream answer compared with that candidate's, at no extra
     call, so the false-hit curve below the threshold is measured (0: off; e.g. 0.1)."""
+    near_miss_rate: float = Field(0.0, ge=0, le=1)
+    """Share of ``/v1/lookup`` near-misses (in the band) checked by asking the upstream model in the
+    background, within the budget: the application calls its model itself, so unlike a chat miss there
+    is no upstream answer in hand (one extra call each; 0: only chat near-misses are checked)."""
     calls_per_minute: float = Field(30.0, ge=0)
     """Budget of extra upstream calls per arm and minute (a token bucket); checks past it are dropped, counted."""
     concurrency: int = Field(2, ge=1, le=64)

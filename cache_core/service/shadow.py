@@ -68,8 +68,9 @@ def upstream_fetch(client: httpx.Client, service: ServiceSettings):
 
 def build_checker(settings: Settings, encode: Callable, client: httpx.Client,
                   publish: Callable[[FeedbackEvent], None]) -> ShadowChecker:
-    """Hit checks need an upstream: without ``service.upstream_url`` only near-misses are checked."""
+    """Hit checks and lookup near-miss checks need an upstream: without ``service.upstream_url`` only
+    chat near-misses are checked."""
     shadow = settings.shadow
-    if not settings.service.upstream_url and shadow.hit_rate > 0:
-        shadow = shadow.model_copy(update={"hit_rate": 0.0})
+    if not settings.service.upstream_url and (shadow.hit_rate > 0 or shadow.near_miss_rate > 0):
+        shadow = shadow.model_copy(update={"hit_rate": 0.0, "near_miss_rate": 0.0})
     return ShadowChecker(shadow, from_settings(shadow, encode), upstream_fetch(client, settings.service), publish)

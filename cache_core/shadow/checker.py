@@ -8,7 +8,9 @@ request id of the lookup they judge:
   held to a budget per arm (``calls_per_minute``, a token bucket) besides the bounded queue.
 * a **near-miss**: a miss whose nearest candidate was within ``near_miss_band`` below the threshold,
   whose upstream answer the service fetched anyway (the chat proxy's miss). Comparing it with that
-  candidate's cached answer costs no call. The verdict refers to the miss's request id, and the miss's
+  candidate's cached answer costs no call. A ``/v1/lookup`` near-miss has no upstream answer in hand
+  (the application asks its model itself): a share ``near_miss_rate`` of them asks the upstream in
+  the background, within the same budget as hits. The verdict refers to the miss's request id, and the miss's
   event carries the candidate's similarity, so the warehouse can draw the false-hit curve below the
   threshold: "had the threshold been this similarity, that hit would have been right / wrong".
 
@@ -136,6 +138,16 @@ class ShadowChecker:
             return "skipped"
         return self._offer(_Check("near_miss", result.request_id, result.arm, result.nearest_answer,
                                   fresh=fresh_answer))
+
+    def after_lookup_miss(self, result: LookupResult, query: str) -> str:
+        """Maybe check a ``/v1/lookup`` near-miss by asking the upstream (a share ``near_miss_rate``,
+        within the arm's budget); returns what happened, as ``after_hit``."""
+        rate = self.settings.near_miss_rate
+        if rate <= 0 or not self.is_near_miss(result) or self.sample() >= rate:
+            return "skipped"
+        if not self.budget.take(result.arm):
+            return self._count("dropped_budget")
+        return self._offer(_Check("near_miss", result.request_id, result.arm, result.nearest_answer, query=query))
 
     def _offer(self, check: _Check) -> str:
         if self._closed or not self._workers:

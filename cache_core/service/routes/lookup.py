@@ -21,6 +21,9 @@ async def lookup(body: LookupRequest, cache: CacheDep, caller: CallerDep, respon
     result = await cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
                                       namespace=namespace, scope=body.scope)
     response.headers["x-scache-request-id"] = result.request_id  # the access log's decision_id
-    if shadow is not None:  # never waits: a sampled hit is queued for a background check
-        shadow.after_hit(result, body.query)
+    if shadow is not None:  # never waits: a sampled hit or near-miss is queued for a background check
+        if result.hit:
+            shadow.after_hit(result, body.query)
+        else:
+            shadow.after_lookup_miss(result, body.query)
     return LookupResponse(**{name: getattr(result, name) for name in LookupResponse.model_fields})

@@ -169,3 +169,31 @@ def test_equivalence_checks():
     assert not cosine("a", "c").same
     with pytest.raises(ValueError):
         EmbeddingCosine(lambda texts: None, threshold=0.0)
+
+
+def test_a_lookup_near_miss_asks_upstream_for_its_share_within_the_budget():
+    published = Recorder()
+    asked = []
+
+    def fetch(query, request):
+        asked.append((query, request))
+        return "Use the app."
+
+    draws = iter([0.1, 0.9, 0.1, 0.1])
+    shadow = ShadowChecker(ShadowSettings(near_miss_band=0.1, near_miss_rate=0.5, calls_per_minute=2,
+                                          equivalence="exact"), ExactMatch(), fetch, published,
+                           clock=ManualClock(), sample=lambda: next(draws)).start()
+    try:
+        near = lambda rid, nearest="use the app": result(rid, hit=False, similarity=0.85, threshold=0.9,
+                                                         nearest=nearest)
+        assert shadow.after_lookup_miss(result("far", hit=False, similarity=0.7, nearest="x"), "q") == "skipped"
+        assert shadow.after_lookup_miss(near("m1"), "how do I pay") == "queued"          # drew 0.1 < 0.5
+        assert shadow.after_lookup_miss(near("m2"), "q") == "skipped"                   # drew 0.9: not sampled
+        assert shadow.after_lookup_miss(near("m3", "It is free."), "what is the fee") == "queued"
+        assert shadow.after_lookup_miss(near("m4"), "q") == "dropped_budget"           # 2 calls a minute
+        wait_until(lambda: len(published.events) == 2, 5, "verdicts")
+    finally:
+        shadow.close()
+    assert {e.request_id: e.verdict for e in published.events} == {"m1": "correct", "m3": "wrong"}
+    assert asked == [("how do I pay", None), ("what is the fee", None)]
+    assert shadow.stats()["near_miss_correct"] == 1 and shadow.stats()["near_miss_wrong"] == 1
