@@ -231,6 +231,18 @@ def _run(stack: Stack, start: Callable[[], None], banner: Callable[[], str], bod
     return 0
 
 
+DEMO_SHADOW = {
+    "SCACHE_SHADOW__HIT_RATE": "0.25",
+    "SCACHE_SHADOW__NEAR_MISS_BAND": "0.10",
+    "SCACHE_SHADOW__NEAR_MISS_RATE": "0.5",
+    "SCACHE_SHADOW__CALLS_PER_MINUTE": "60",
+    "SCACHE_SHADOW__EQUIVALENCE": "exact",
+}
+"""The demo runs shadow checks (each variable may be set to override): a quarter of the hits and half
+the near-misses within 0.10 below the threshold are asked again of the stand-in model, at most 60 calls
+a minute per arm; exact match, since the stand-in gives one answer per intent (``infra.demo_model``)."""
+
+
 def _demo(args: argparse.Namespace) -> int:
     from infra.traffic import replay_forever
 
@@ -241,6 +253,7 @@ def _demo(args: argparse.Namespace) -> int:
     # The demo replays public banking77 questions: with their text in the events the
     # dashboard can say what each intent cluster is about. Off by default elsewhere.
     stack.env["SCACHE_CACHE__EMIT_QUERY_TEXT"] = os.environ.get("SCACHE_CACHE__EMIT_QUERY_TEXT", "true")
+    stack.env.update({name: os.environ.get(name, value) for name, value in DEMO_SHADOW.items()})
 
     def banner() -> str:
         cache_url = stack.service("cache-service").info["url"]
