@@ -83,8 +83,8 @@ def recommend_multi(arm: str, score_floor: float, answer_margin: float, score_hi
     """The guarded best score floor and answer margin of one multi arm.
 
     The objective and guard rails of ``recommend``: the pair with the highest estimated hit
-    rate whose one-sided Clopper-Pearson upper bound of the false-hit rate (labelled hits
-    the pair would serve) is <= the target with ``min_labelled`` labels; each of floor and
+    rate whose time-uniform upper bound of the false-hit rate (labelled hits the pair
+    would serve; alpha split over every candidate pair, ``whatif.split_upper_bounds``) is <= the target with ``min_labelled`` labels; each of floor and
     margin moves at most ``max_step`` (on ``grid_step``), ``min_decisions`` and the cool-down
     apply. Only ``replayable`` pairs (``multi_table``) are candidates: never under the lowest
     floor / margin the window's events were logged at (``rules``: config version -> (floor,

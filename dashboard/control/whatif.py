@@ -4,7 +4,7 @@ The similarity histograms of ``queries`` (decisions, hits, guard blocks per arm 
 cluster x similarity bin, and for multi arms what the current score floor / answer margin
 refuse) are replayed at other thresholds, answer margins or (floor, margin) pairs:
 estimated hits, and the false-hit rate of the feedback-labelled hits each would still
-serve, with its one-sided Clopper-Pearson upper bound. First-order estimates: they hold
+serve, with its time-uniform upper bound split over the candidates. First-order estimates: they hold
 the cache's contents fixed, while a different threshold would also change what got
 stored and evicted. ``tuning`` and ``tuning_multi`` pick among these candidates; the
 control panel's what-if preview shows them.
@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from dashboard.control.changes import validate_threshold
-from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat, upper_bound
-from dashboard.control.target_test import upper_confidence_bound
+from dashboard.control.stats import DEFAULT_ALPHA, ProportionStat
+from dashboard.control.target_test import upper_confidence_bound, upper_confidence_bounds
 
 
 def _min_bin(threshold: float, bin_width: float) -> int:
@@ -158,6 +158,16 @@ def threshold_table(similarity_hist: pd.DataFrame, labelled: pd.DataFrame, thres
     return pd.DataFrame(rows)
 
 
+def split_upper_bounds(wrong, labelled, alpha: float = DEFAULT_ALPHA) -> list[float | None]:
+    """Per candidate: the time-uniform (1 - alpha) upper bound of its false-hit rate
+    (``target_test.upper_confidence_bounds``) with alpha split evenly over the candidates,
+    as ``threshold_table`` does (None without labels). A one-pass Clopper-Pearson bound,
+    re-checked by every auto-tune run and maximised over the candidates, would not hold."""
+    wrong, labelled = np.asarray(wrong, dtype="float64"), np.asarray(labelled, dtype="float64")
+    bounds = upper_confidence_bounds(wrong, labelled, alpha / max(len(wrong), 1))
+    return [None if np.isnan(b) else float(b) for b in bounds]
+
+
 def margin_grid(current: float) -> list[float]:
     """A few answer margins around ``current`` for the multi what-if, current included."""
     grid = [0.0, current / 2, current, current * 2, current + 0.01, current + 0.02, current + 0.05]
@@ -172,7 +182,8 @@ def margin_table(margin_hist: pd.DataFrame, decisions: int, margins, alpha: floa
     at any margin); ``decisions`` is all of the arm's logged decisions (the denominator).
     The cosine gate stays as logged, where the replay is exact (guards aside). Only served
     hits carry labels: a margin that would serve decisions (with a rival) in bins under the
-    lowest labelled one is ``supported=False``, its false-hit rate ignores them.
+    lowest labelled one is ``supported=False``, its false-hit rate ignores them. The upper
+    bound is the time-uniform one auto-tune decides with (``split_upper_bounds``).
     """
     margins = np.asarray(list(margins), dtype="float64")
     hist = margin_hist
@@ -191,11 +202,12 @@ def margin_table(margin_hist: pd.DataFrame, decisions: int, margins, alpha: floa
         lowest = np.array([labelled_bins["margin_milli"].min() * BIN_WIDTH])
         unlabelled = with_rival - _at_or_above(bins, "decisions", lowest, key="margin_milli")[0]
     rows = []
-    for m, hits, k, w, u in zip(margins, est, n, wrong, unlabelled):
+    uppers = split_upper_bounds(wrong, n, alpha)
+    for m, hits, k, w, u, upper in zip(margins, est, n, wrong, unlabelled, uppers):
         stat = ProportionStat(int(k), int(w))
         rows.append({"answer_margin": round(float(m), 6), "decisions": int(decisions), "est_hits": int(hits),
                      "est_hit_rate": hits / decisions if decisions else None, "labelled": int(k), "wrong": int(w),
-                     "false_hit_rate": stat.rate, "false_hit_upper": upper_bound(stat, alpha),
+                     "false_hit_rate": stat.rate, "false_hit_upper": upper,
                      "supported": bool(u <= 0)})
     return pd.DataFrame(rows)
 
@@ -212,6 +224,8 @@ def multi_table(score_hist: pd.DataFrame, floors, margins, *, lowest_floor: floa
     of the arm's logged decisions. ``replayable``: f and m are not under the lowest floor /
     margin in force when the events were logged. Up there every decision the pair serves
     was served then (so its label, if any, is in the data) and the replay is exact.
+    ``false_hit_upper`` is time-uniform and split over every pair (``split_upper_bounds``):
+    ``tuning_multi`` picks among them on every auto-tune run.
     """
     floors = np.asarray(list(floors), dtype="float64")
     margins = np.asarray(list(margins), dtype="float64")
@@ -233,14 +247,15 @@ def multi_table(score_hist: pd.DataFrame, floors, margins, *, lowest_floor: floa
         served, wrong = sums[:, 0], sums[:, 2]
         labelled = sums[:, 1] + wrong
     rows = []
-    for (f, m), hits, n, w in zip(pairs, served, labelled, wrong):
+    uppers = split_upper_bounds(wrong, labelled, alpha)
+    for (f, m), hits, n, w, upper in zip(pairs, served, labelled, wrong, uppers):
         stat = ProportionStat(int(n), int(w))
         replayable = (lowest_floor is not None and lowest_margin is not None
                       and f >= lowest_floor - 1e-9 and m >= lowest_margin - 1e-9)
         rows.append({"score_floor": round(float(f), 6), "answer_margin": round(float(m), 6),
                      "decisions": decisions, "est_hits": int(hits),
                      "est_hit_rate": hits / decisions if decisions else None, "labelled": int(n), "wrong": int(w),
-                     "false_hit_rate": stat.rate, "false_hit_upper": upper_bound(stat, alpha),
+                     "false_hit_rate": stat.rate, "false_hit_upper": upper,
                      "replayable": bool(replayable)})
     columns = ["score_floor", "answer_margin", "decisions", "est_hits", "est_hit_rate", "labelled", "wrong",
                "false_hit_rate", "false_hit_upper", "replayable"]

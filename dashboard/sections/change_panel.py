@@ -254,8 +254,9 @@ def margin_whatif(view: View, rule: queries.MultiRule, arm_hist, rules) -> None:
         pct = lambda label: st.column_config.NumberColumn(label, format="percent")
         st.dataframe(table, hide_index=True, column_config={
             "est_hit_rate": pct("est. hit rate"), "false_hit_rate": pct("false-hit rate"),
-            "false_hit_upper": pct("false-hit 95% upper")})
+            "false_hit_upper": pct("false-hit upper (time-uniform)")})
         st.caption(f"Current margin {rule.answer_margin:.3f}, score floor {rule.score_floor:.3f}. Exact replay of "
                    "the logged scores at the logged cosine gates, guards aside; the false-hit rate counts the "
-                   "labelled hits each margin would still serve. supported=false: that margin would serve "
+                   "labelled hits each margin would still serve; its upper bound is the time-uniform one auto-tune "
+                   "decides with, 95% split over the margins shown. supported=false: that margin would serve "
                    "decisions no label covers.")

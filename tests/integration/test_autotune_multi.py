@@ -82,7 +82,7 @@ def test_autotune_once_raises_a_multi_arms_floor_and_audits_it(multi_env, capsys
                         "config_json FROM threshold_changes WHERE experiment_id = {e:String}",
                         parameters={"e": experiment_id}).result_rows
     assert [r[:6] for r in rows] == [("control", "autotune", 0.80, 0.80, 1, 2)]
-    assert "score floor 0.500 -> 0.515" in rows[0][6]
+    assert "score floor 0.500 -> 0.520" in rows[0][6]
     assert json.loads(rows[0][7])["arms"][0]["multi"]["threshold"] == pytest.approx(seed.MULTI_TUNED_FLOOR)
 
     # The next run is inside the cool-down that audit row started: nothing more is pushed.

@@ -498,7 +498,7 @@ def test_multi_floor_recommendation_shown_and_copied_only_on_request(app_env, ch
     assert not at.error, [e.value for e in at.error]
     (pushed,) = _control_messages(kafka_settings)
     assert pushed.experiment.arm("control").multi.threshold == pytest.approx(seed.MULTI_TUNED_FLOOR)
-    assert pushed.reason.startswith("score floor 0.500 → 0.515; auto-tune recommendation: best hit rate")
+    assert pushed.reason.startswith("score floor 0.500 → 0.520; auto-tune recommendation: best hit rate")
     # After the push the arm is in its cool-down: no recommendation, and the panel says why.
     assert "ctl_multi_use_rec" not in [b.key for b in at.button]
     assert "Auto-tune recommends no change to control's floor / margin: cool-down" in _texts(at)

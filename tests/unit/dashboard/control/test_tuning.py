@@ -313,10 +313,14 @@ def test_multi_recommendation_raises_the_floor_past_a_wrong_band():
     hist = _scores(_band(1, 500, 600, wrong=lambda b: 2 if b < 520 else 0))
     rec = tuning_multi.recommend_multi("m", 0.50, 0.005, hist, {1: (0.50, 0.005)}, G, now_ms=NOW)
     assert rec.action == "change"
-    assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.515), pytest.approx(0.005))
+    # 0.515 (10 wrong of 425, 2.4%) passed the one-pass Clopper-Pearson bound; under the
+    # time-uniform bound split over the pairs (issue 26 (c)) only the clean band above does.
+    assert (rec.recommended_floor, rec.recommended_margin) == (pytest.approx(0.52), pytest.approx(0.005))
     table = rec.candidates.set_index(["score_floor", "answer_margin"])
-    assert table.loc[(0.51, 0.005), "false_hit_upper"] > 0.05 >= rec.false_hit_upper  # 0.510 keeps too many wrong
-    assert rec.recommended_hit_rate < rec.current_hit_rate and rec.labelled == 85 * 5
+    assert table.loc[(0.515, 0.005), "false_hit_upper"] > 0.05 >= rec.false_hit_upper
+    assert round(table.loc[(0.515, 0.005), "false_hit_upper"], 5) == round(whatif.split_upper_bounds(
+        [10] * len(table), [425] * len(table))[0], 5)
+    assert rec.recommended_hit_rate < rec.current_hit_rate and rec.labelled == 80 * 5
     assert (rec.lowest_floor, rec.lowest_margin) == (0.50, 0.005)
 
 
@@ -431,7 +435,7 @@ def test_recommend_multi_all_skips_cosine_arms_and_canaries():
                       _scores(_band(1, 500, 600), arm="k")])
     recs = tuning_multi.recommend_multi_all(config, hist, {1: config}, G, now_ms=NOW)
     assert [r.arm for r in recs] == ["m"]
-    assert recs[0].recommended_floor == pytest.approx(0.515)
+    assert recs[0].recommended_floor == pytest.approx(0.52)  # the split time-uniform bound
 
 
 # -- re-runs: a time-uniform bound split over the candidates; labels at or below each -----
@@ -461,3 +465,28 @@ def test_labels_logged_at_a_higher_threshold_do_not_vouch_for_a_lower_one():
     assert table.at[0.90, "labelled"] == 5000 + 500
     pooled = whatif.threshold_table(_hist(), labels.drop(columns="threshold_milli"), [0.85]).iloc[0]
     assert pooled["false_hit_rate"] < 0.02 < table.at[0.85, "false_hit_rate"]
+
+
+def test_multi_and_margin_tables_use_the_split_time_uniform_bound():
+    """Issue 26 (c): the multi arms' tables drive auto-tune's floor / margin choice on every
+    run, so their bound is the time-uniform one split over the candidates (as the threshold
+    table's), not a one-pass Clopper-Pearson bound (1 of 156: 3.0%)."""
+    assert [None if b is None else round(b, 5) for b in whatif.split_upper_bounds([0, 1, 3, 0], [0, 156, 100, 400])] \
+        == [None, 0.06209, 0.12632, 0.02042]
+    assert round(whatif.split_upper_bounds([1], [156])[0], 5) == 0.04882 > round(stats_upper(ProportionStat(156, 1)), 5)
+    table = whatif.margin_table(_margins(), 200, [0.0, 0.005, 0.01, 0.05, 0.1]).set_index("answer_margin")
+    assert table.at[0.01, "false_hit_upper"] == pytest.approx(whatif.split_upper_bounds([3] * 5, [60] * 5)[0])
+    hist = _scores(_band(1, 500, 520))
+    pairs = whatif.multi_table(hist, [0.50, 0.51], [0.0, 0.005, 0.01], lowest_floor=0.5, lowest_margin=0.005)
+    assert len(pairs) == 6
+    assert pairs.iloc[0]["false_hit_upper"] == pytest.approx(whatif.split_upper_bounds([0] * 6, [100] * 6)[0])
+
+
+def test_vectorised_upper_bounds_match_the_scalar_one():
+    from dashboard.control.target_test import upper_confidence_bound, upper_confidence_bounds
+    wrong, n = [0, 1, 5, 80, 0, 3, 0], [10, 156, 100, 100, 1, 3000, 0]
+    many = upper_confidence_bounds(wrong, n, 0.05 / 13)
+    for k, m, b in zip(wrong, n, many):
+        one = upper_confidence_bound(ProportionStat(m, k), 0.05 / 13)
+        assert (one is None and np.isnan(b)) if m == 0 else one == b
+    assert round(float(many[1]), 5) == 0.07235 and many[3] == 1.0
