@@ -5,9 +5,10 @@ One run, for every experiment (or the ones named):
    since it started; promote or roll back when the verdict is confident;
 2. each multi-similarity arm without a canary: ``tuning_multi.recommend_multi`` over the
    lookback window picks its score floor and answer margin (replayed from the logged
-   mixed scores, never under the lowest floor / margin they were logged at) and pushes
-   them with ``publishing.push_multi``, directly: the replay is exact there, the steps are
-   small (``--max-step``) and the cool-down lets the next run see their effect. An arm held
+   mixed scores, never under the lowest floor / margin they were logged at). A higher floor
+   and margin go out directly (``publishing.push_multi``: they serve a subset of what runs
+   now); a lower one only as a canary on ``--canary-share`` of the arm's units, refused at 0
+   (``rollout``: every loosening gets a fresh sequential test). An arm held
    at its best replayable pair explores instead (``tuning_multi.multi_exploration``): a canary
    with the score floor one max step lower (``changes.start_multi_canary``), judged in
    step 1 like any canary. This comes before the thresholds: the floor / margin search
@@ -15,9 +16,10 @@ One run, for every experiment (or the ones named):
    the max step;
 3. each arm (and, with ``--clusters``, each intent cluster) without a canary:
    ``tuning.recommend`` over the same window; an arm-level change goes out as a
-   canary on ``--canary-share`` of the arm's units (0: pushed directly), a cluster
-   change directly. An arm held at its best supported threshold with no labels below it
-   explores instead (``tuning.exploration``): a canary one max step down on
+   canary on ``--canary-share`` of the arm's units (0: a raise is pushed directly, a lower
+   threshold refused), a cluster's raise directly, a cluster's lower threshold is refused
+   (a canary tries one threshold on the whole arm; ``rollout``). An arm held at its best
+   supported threshold with no labels below it explores instead (``tuning.exploration``): a canary one max step down on
    ``--explore-share`` of its units (default: the canary share), which step 1 of a later
    run promotes or rolls back. Never directly; ``--no-explore`` turns it off. A canary the
    audit shows rolled back within ``--explore-memory-s`` keeps the arm's explorations
@@ -51,7 +53,7 @@ import pandas as pd
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, settings_or_exit
-from dashboard.control import changes, publishing, queries, tuning, tuning_multi
+from dashboard.control import changes, publishing, queries, rollout, tuning, tuning_multi
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
@@ -141,7 +143,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
                                            now_ms=now, last_change_ms=last_ms, clusters=clusters)
     if rules:  # before the thresholds: see the module docstring
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
-                             client=client, apply=apply, actor=actor, explore_share=explore_share,
+                             client=client, apply=apply, actor=actor, canary_share=canary_share,
+                             explore_share=explore_share,
                              configs=configs, failed=failed, clock=clock)
     for rec in recommendations:
         if explore_share > 0 and rec.arm not in touched:
@@ -149,16 +152,19 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
         if rec.arm in touched and rec.action == "change":
             rec = tuning.Recommendation(rec.arm, rec.cluster, rec.current, None, "hold",
                                         "cool-down: this arm changed earlier in this run")
-        applied = apply and rec.action in ("change", "explore")
+        share = explore_share if rec.action == "explore" else canary_share
+        route = rollout.threshold_rollout(rec, share)
+        if route.route == "refused":
+            rec = replace(rec, recommended=None, action="hold", reason=f"{route.reason} ({rec.reason})")
+        applied = apply and route.route in ("canary", "direct")
         if applied:
             reason = f"auto-tune: {rec.reason}" if rec.action == "explore" else \
                 f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
-            share = explore_share if rec.action == "explore" else canary_share
-            if rec.cluster is not None:
-                change = changes.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
-            elif share > 0:
+            if route.route == "canary":
                 change = changes.start_canary(rec.arm, rec.recommended, share,
                                               guardrails.target_false_hit_rate, at_ms=clock())
+            elif rec.cluster is not None:
+                change = changes.set_cluster_threshold(rec.arm, rec.cluster, rec.recommended)
             else:
                 change = changes.set_threshold(rec.arm, rec.recommended)
             config = _push(settings, config, change, actor, reason, client, clock)
@@ -197,23 +203,31 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: Guardr
         if rec.arm in touched and rec.action == "change":
             rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
                           reason="cool-down: this arm changed earlier in this run")
-        if apply and rec.action == "explore":
-            change = changes.start_multi_canary(rec.arm, explore_share, guardrails.target_false_hit_rate, clock(),
-                                                score_floor=rec.recommended_floor)
+        route = rollout.multi_rollout(rec, explore_share if rec.action == "explore" else canary_share)
+        if route.route == "refused":
+            rec = replace(rec, recommended_floor=None, recommended_margin=None, action="hold",
+                          reason=f"{route.reason} ({rec.reason})")
+        moved = [(name, old, new) for name, old, new in (
+            ("score floor", rec.current_floor, rec.recommended_floor),
+            ("answer margin", rec.current_margin, rec.recommended_margin)) if new is not None and abs(old - new) > 1e-9]
+        if apply and route.route == "canary":
+            share = explore_share if rec.action == "explore" else canary_share
+            changed = {name for name, _, _ in moved}
+            change = changes.start_multi_canary(
+                rec.arm, share, guardrails.target_false_hit_rate, clock(),
+                score_floor=rec.recommended_floor if "score floor" in changed else None,
+                answer_margin=rec.recommended_margin if "answer margin" in changed else None)
             config = _push(settings, config, change, actor, f"auto-tune: {rec.reason}", client, clock)
             touched.add(rec.arm)
-        elif apply and rec.action == "change":
-            moved = [f"{name} {old:.3f} -> {new:.3f}" for name, old, new in (
-                ("score floor", rec.current_floor, rec.recommended_floor),
-                ("answer margin", rec.current_margin, rec.recommended_margin)) if abs(old - new) > 1e-9]
-            reason = (f"auto-tune: {'; '.join(moved)}: {rec.reason} (bound {rec.false_hit_upper:.2%} at "
-                      f"{rec.labelled} labels)")
+        elif apply and route.route == "direct":
+            reason = (f"auto-tune: {'; '.join(f'{n} {o:.3f} -> {w:.3f}' for n, o, w in moved)}: {rec.reason} "
+                      f"(bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)")
             message = publishing.push_multi(settings, config.experiment_id, rec.arm, actor, reason,
                                          score_floor=rec.recommended_floor, answer_margin=rec.recommended_margin,
                                          client=client, expected_version=config.version, clock=clock)
             config = message.experiment
             touched.add(rec.arm)
-        applied = apply and rec.action in ("change", "explore")
+        applied = apply and route.route in ("canary", "direct")
         actions.append(TuneAction(config.experiment_id, rec.arm, None, "multi", rec.action, rec.reason, applied,
                                   config.version if applied else None, None, rec.recommended_floor,
                                   rec.recommended_margin))
@@ -256,9 +270,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lookback-s", type=float, default=DEFAULT_LOOKBACK_S)
     p.add_argument("--clusters", action="store_true", help="also tune per intent cluster")
     p.add_argument("--canary-share", type=float, default=DEFAULT_CANARY_SHARE,
-                   help="share of an arm's units that try a threshold change first (0: push directly; "
-                        "also the exploration share unless --explore-share is given; multi arms' floor / "
-                        "margin changes always go out directly)")
+                   help="share of an arm's units that try a threshold change (or a lower multi floor / "
+                        "margin) first (0: raises are pushed directly, lower values refused; also the "
+                        "exploration share unless --explore-share is given)")
     p.add_argument("--no-explore", dest="explore", action="store_false",
                    help="never try a threshold (or multi score floor) below what the logs support on a "
                         "canary (default: explore when the explore share > 0)")
