@@ -189,10 +189,12 @@ def logged_configs(settings: Settings, client, config: ExperimentConfig, *, hist
 
 def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: Guardrails, filters, rules,
                 touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
-                apply: bool, actor: str, explore_share: float, configs: dict[int, ExperimentConfig],
-                failed: list[RolledBack], clock: Callable[[], int]) -> ExperimentConfig:
-    """Step 2 of the module docstring for multi arms' score floor and answer margin (changes
-    pushed directly, explorations as a canary on ``explore_share``, 0: none); appends to
+                apply: bool, actor: str, canary_share: float, explore_share: float,
+                configs: dict[int, ExperimentConfig], failed: list[RolledBack],
+                clock: Callable[[], int]) -> ExperimentConfig:
+    """Step 2 of the module docstring for multi arms' score floor and answer margin (raises
+    pushed directly, lower values on a canary of ``canary_share`` or refused, explorations
+    as a canary on ``explore_share``, 0: none); appends to
     ``actions`` and returns the config after its pushes."""
     recommendations = tuning_multi.recommend_multi_all(config, queries.multi_score_histogram(client, filters, rules),
                                                  configs, guardrails, now_ms=now, last_change_ms=last_ms)
