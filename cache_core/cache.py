@@ -38,6 +38,7 @@ from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig, assign
 from cache_core.registry import ExperimentRegistry
 from cache_core.state.changes import Origin, StateApplier, StateChange, Vote
 from cache_core.state.feedback import ServedHit, ServedHits
+from cache_core.store.factory import Backends
 from cache_core.store.partition import Partition
 from cache_core.store.stores import Stores
 from cache_core.records import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
@@ -64,7 +65,8 @@ class SemanticCache:
                  max_answer_chars: int = 100_000, emit_query_text: bool = False,
                  cluster_radius: float = 0.55, seed: int | None = None,
                  event_executor=None, ann_checker=None, feedback_memory: int = 100_000,
-                 hit_rule: HitRule | None = None, embedding_cache: EmbeddingCache | None = None):
+                 hit_rule: HitRule | None = None, embedding_cache: EmbeddingCache | None = None,
+                 backends: Backends | None = None):
         self.embedder = embedder
         self.embedding_cache = embedding_cache
         """Exact-text LRU in front of ``embedder`` (None: every text is encoded)."""
@@ -81,7 +83,7 @@ class SemanticCache:
         self.clusters = OnlineClusters(embedder.dim, radius=cluster_radius)
         self.hit_rule = hit_rule or HitRule()
         """Decides every lookup (cache_core.decision)."""
-        self.stores = Stores(embedder.dim, registry)
+        self.stores = Stores(embedder.dim, registry, backends)
         self.state = StateApplier(self)
         self.served = ServedHits(feedback_memory)
         """Recent hits by request id, for feedback (``apply_feedback``)."""

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 IndexKind = Literal["flat", "ivf", "hnsw", "sq_fp16", "sq_int8", "sq_int4",
                     "hnsw_sq_fp16", "hnsw_sq_int8", "hnsw_sq_int4", "ivf_sq_fp16", "ivf_sq_int8",
-                    "ivf_sq_int4", "ivf_pq", "semhash"]
-"""What each kind keeps and how it searches: cache_core.store.kinds."""
+                    "ivf_sq_int4", "ivf_pq", "semhash", "milvus"]
+"""What each kind keeps and how it searches: cache_core.store.kinds; ``milvus`` (the vectors in a
+Milvus collection that replicas share): cache_core.store.milvus."""
 TtlPolicy = Literal["absolute", "sliding", "adaptive"]
 PartitionMode = Literal["partitioned", "shared"]
 GuardName = Literal["negation", "numbers", "dates", "entities"]

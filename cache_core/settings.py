@@ -80,6 +80,15 @@ class CacheSettings(_Documented):
     embedding_cache_entries: int = Field(10_000, ge=0)
     """Texts whose embeddings an exact-text LRU keeps in front of the encoder, so a question
     asked again skips the model (0: off). About 1.6 kB each at 384 dimensions."""
+    milvus_uri: str = ""
+    """Where arms of index kind ``milvus`` keep their vectors: a milvus-lite file path (embedded, one
+    process per file), or ``http://host:19530`` for a Milvus cluster that replicas share; empty:
+    ``milvus.db`` in this instance's snapshot directory (cache_core.store.milvus)."""
+    milvus_token: SecretStr = SecretStr("")
+    """Milvus credentials (``user:password`` or an API key), if the cluster needs them."""
+    milvus_consistency: Literal["Strong", "Session", "Bounded", "Eventually"] = "Session"
+    """Consistency level of Milvus searches: Session reads this replica's own writes, Strong every
+    replica's (slower on a cluster)."""
     max_query_chars: int = Field(4000, ge=1)
     """Longer queries are refused (422 with the reason)."""
     max_answer_chars: int = Field(100_000, ge=1)

@@ -39,11 +39,13 @@ from cache_core.publish.event_worker import EventWorker
 from cache_core.events import CacheEvent, ControlMessage, FeedbackEvent
 from cache_core.lifetime import DEFAULT_INTERVAL_S, ExpirySweeper
 from cache_core.state.persistence import Persistence
+from cache_core.store.factory import Backends
+from cache_core.store.milvus import MilvusConfig
 from cache_core.registry import ExperimentRegistry
 from cache_core.service.keys import KeyRing
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.shadow import build_checker
-from cache_core.settings import Settings
+from cache_core.settings import CacheSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +245,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
             settings.cache.judge_dir, tokens=lambda: token_encoder(settings.cache.model)))),
         embedding_cache=EmbeddingCache(settings.cache.embedding_cache_entries)
         if settings.cache.embedding_cache_entries else None,
+        backends=store_backends(settings.cache),
     )
     sweeper = ExpirySweeper(cache, expiry_sweep_s) if expiry_sweep_s else None
     entry_follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
@@ -285,6 +288,14 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     if own_encoder:
         closers.append(("encoder", encoder.close))
     return parts
+
+
+def store_backends(cache: CacheSettings) -> Backends:
+    """Where out-of-process index kinds keep their vectors (no connection is made here: a
+    Milvus collection is opened when an arm of kind ``milvus`` first stores or searches)."""
+    uri = cache.milvus_uri or str(Path(cache.snapshot_dir) / "milvus.db")
+    return Backends(milvus=MilvusConfig(uri=uri, token=cache.milvus_token.get_secret_value(),
+                                        consistency=cache.milvus_consistency))
 
 
 def _index_of(steps: list[tuple[str, Callable[[], None]]], name: str) -> int:

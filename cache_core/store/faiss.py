@@ -236,6 +236,13 @@ class VectorIndex:
     def vector(self, entry_id: str) -> np.ndarray:
         return self._exact.reconstruct(self._id_of[entry_id])
 
+    def entry_ids(self) -> list[str]:
+        return list(self._id_of)
+
+    def rescore(self, vec: np.ndarray, found: list[tuple[str, float]], k: int) -> list[tuple[str, float]]:
+        """``found``'s exact cosines from the twin, best first, the top ``k`` (live ids only)."""
+        return self._rescored(vec, found, k)
+
     # -- internals --------------------------------------------------------------------
 
     def _run(self, index: faiss.Index, vec: np.ndarray, k: int, extra: int) -> list[tuple[str, float]]:

@@ -14,7 +14,8 @@ from collections import OrderedDict
 import numpy as np
 
 from cache_core.store.base import VectorStore
-from cache_core.store.faiss import IndexMark, IndexSpec, VectorIndex
+from cache_core.store.factory import Backends, discard, new_index
+from cache_core.store.faiss import IndexMark, IndexSpec
 from cache_core.records import CacheEntry, Candidate, SearchOutcome, text_key
 
 SEARCH_K = 5
@@ -84,8 +85,10 @@ class Partition:
     and its capacity. All methods take the partition lock."""
 
     def __init__(self, key: tuple[str, str, str], dim: int, spec: IndexSpec,
-                 capacity_entries: int, capacity_bytes: int):
+                 capacity_entries: int, capacity_bytes: int, backends: Backends | None = None):
         self.key = key
+        self.backends = backends
+        """Where out-of-process index kinds (``milvus``) keep their vectors."""
         self.dim = dim
         self.spec = spec
         self.capacity_entries = capacity_entries
@@ -119,9 +122,13 @@ class Partition:
         self.capacity_entries, self.capacity_bytes = capacity_entries, capacity_bytes
         if spec == self.spec:
             return
+        moved_off_shared = self.spec.kind == "milvus" and spec.kind != "milvus"
         self.spec = spec
         self.mutations += 1
         old = list(self.entries.values())
+        if moved_off_shared:  # milvus to milvus re-upserts the same rows instead
+            for index in self.indexes.values():
+                discard(index)
         self.indexes = {}
         for entry in old:
             self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
@@ -129,7 +136,7 @@ class Partition:
     def _index_for(self, scope: str | None) -> VectorStore:
         key = scope or ""
         if key not in self.indexes:
-            self.indexes[key] = VectorIndex(self.dim, self.spec)
+            self.indexes[key] = new_index(self.dim, self.spec, self.backends, self.key, scope)
         return self.indexes[key]
 
     # -- search -----------------------------------------------------------------------

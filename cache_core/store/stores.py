@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 from cache_core.experiments import ArmConfig, ExperimentConfig
 from cache_core.registry import ExperimentRegistry, UnknownExperiment
+from cache_core.store.factory import Backends, discard
 from cache_core.store.faiss import IndexSpec
 from cache_core.store.partition import Partition
 from cache_core.records import CacheEntry
@@ -31,9 +32,11 @@ Key = tuple[str, str, str]
 
 
 class Stores:
-    def __init__(self, dim: int, registry: ExperimentRegistry):
+    def __init__(self, dim: int, registry: ExperimentRegistry, backends: Backends | None = None):
         self.dim = dim
         self.registry = registry
+        self.backends = backends
+        """Where out-of-process index kinds keep their vectors (cache_core.store.factory)."""
         self.journal = None
         """Given to every partition (cache_core.state.persistence.Journal): told of every change."""
         self._by_key: dict[Key, Partition] = {}
@@ -124,6 +127,8 @@ class Stores:
                 removed += len(partition)
                 partition.journal = None
                 partition.entries.clear()
+                for index in partition.indexes.values():
+                    discard(index)
                 partition.indexes.clear()
                 partition.by_text.clear()
                 partition.bytes = 0
@@ -133,7 +138,8 @@ class Stores:
         """Drop ``namespace``'s stores from the map (replaying a logged clear)."""
         with self._lock:
             for key in [k for k in self._by_key if k[0] == namespace]:
-                del self._by_key[key]
+                for index in self._by_key.pop(key).indexes.values():
+                    discard(index)
 
     def remove_where(self, matches: Callable[[CacheEntry], bool], namespace: str | None = None) -> int:
         """Remove the entries (of ``namespace``, or all) that ``matches``; returns how many."""
@@ -174,6 +180,6 @@ class Stores:
         return retired
 
     def _new(self, key: Key, spec: IndexSpec, capacity_entries: int, capacity_bytes: int) -> Partition:
-        partition = Partition(key, self.dim, spec, capacity_entries, capacity_bytes)
+        partition = Partition(key, self.dim, spec, capacity_entries, capacity_bytes, self.backends)
         partition.journal = self.journal
         return partition
