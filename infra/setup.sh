@@ -2,6 +2,7 @@
 # Sets up everything scache needs on one machine, idempotently and mostly from caches:
 #   - a virtualenv under $SCACHE_HOME keyed by a hash of requirements.lock (what it installs; pyproject.toml's
 #     pins are the lock's, a unit test holds them, so an edit elsewhere in pyproject.toml rebuilds nothing)
+#   - the encoder's ONNX export (the default onnx-int8 backend), under $SCACHE_HOME/models (keyed by the weights)
 #   - the Kafka broker jars and the Flink Kafka connector jar, resolved with mvn (keyed by pom hash)
 #   - with --browser: Debian's chromium for the dashboard's browser tests
 # Prints the venv's python path as its last line.
@@ -49,6 +50,9 @@ flock -u 9
 command -v mvn >/dev/null || { echo "setup.sh: mvn (Maven) is required to resolve the Kafka and Flink jars" >&2; exit 2; }
 command -v java >/dev/null || { echo "setup.sh: java (17+) is required for Kafka and Flink" >&2; exit 2; }
 cd "$repo"
+# The default encoder (onnx-int8) runs an export of the packaged weights, made here once (20-60 s) and
+# cached under $SCACHE_HOME/models keyed by the weights' content and the library versions (~1 s when current).
+PYTHONPATH="$repo" "$venv/bin/python" -m cache_core.embedding.export >&2
 PYTHONPATH="$repo" "$venv/bin/python" -m infra.kafka.resolve >&2
 PYTHONPATH="$repo" "$venv/bin/python" -m infra.flink.resolve >&2
 

@@ -5,11 +5,12 @@ Weights are always local (a directory, a model already in the local Hugging Face
 cache, or a Python package that ships them); nothing is fetched at run time.
 The backend is chosen by ``CacheSettings.encoder_backend``:
 
-* ``torch``: sentence-transformers on PyTorch.
-* ``onnx`` / ``onnx-int8``: the same weights, exported here (never downloaded) to
-  ONNX once per machine into ``scache_home()/models/<name>-onnx[-int8]/`` and run
-  with ONNX Runtime; ``-int8`` is dynamically quantised (int8 weights). The export
-  is keyed by the weights' files and the library versions, so a change re-exports.
+* ``onnx-int8`` (the default) / ``onnx``: the weights, exported here (never downloaded)
+  to ONNX once per machine into ``scache_home()/models/<name>-onnx[-int8]/`` (or
+  ``CacheSettings.models_dir``) and run with ONNX Runtime; ``-int8`` is dynamically
+  quantised (int8 weights). The export is keyed by the weights' content and the library
+  versions, so a change re-exports; running it needs neither torch nor the weights package.
+* ``torch``: sentence-transformers on PyTorch (the ``export`` extra).
 
 Why not ``SentenceTransformer(backend="onnx")``: it needs ``optimum-onnx``, whose
 only release pins ``transformers<4.58`` (we run 5.x). The export below is what it

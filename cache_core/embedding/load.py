@@ -12,5 +12,5 @@ def load_embedder(cache: CacheSettings) -> Embedder:
         return SentenceTransformerEmbedder(cache.model, threads=cache.encoder_threads)
     if cache.encoder_backend in ("onnx", "onnx-int8"):
         return OnnxEmbedder.load(cache.model, quantized=cache.encoder_backend == "onnx-int8",
-                                 threads=cache.encoder_threads)
+                                 threads=cache.encoder_threads, models_dir=cache.models_dir)
     raise EmbedderError(f"unknown encoder_backend {cache.encoder_backend!r}")

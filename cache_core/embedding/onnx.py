@@ -1,11 +1,18 @@
-"""The ONNX backends (``onnx`` / ``onnx-int8``): the export, made here once per machine
-from the local weights (never downloaded) and keyed by their files and the library
+"""The ONNX backends (``onnx`` / ``onnx-int8``, the default): the export, made here once per
+machine from the local weights (never downloaded) and keyed by their files and the library
 versions, and ``OnnxEmbedder``, which runs it on ONNX Runtime (the package docstring of
 cache_core.embedding.embedder says why the export is ours).
+
+Making an export needs the ``export`` extra (torch, sentence-transformers, onnx); running one
+needs only onnxruntime and tokenizers. Without the extra (a plain ``pip install .``, the runtime
+image) an existing export is used as it is, whatever its key, and a missing one is an error
+that says how to build it (``python -m cache_core.embedding.export``, or copy the directory).
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +34,8 @@ ONNX_RECIPE = 2
 ONNX_OPSET = 17
 ONNX_FILE = "model.onnx"
 META_FILE = "export.json"
+EXPORT_EXTRA = ("torch", "sentence_transformers", "onnx")
+"""What making an export imports (the ``export`` extra); running one imports none of it."""
 EXPORT_PROBES = ["How do I reset my password?", "card payment declined abroad",
                  "What is the exchange rate for euros today?", "a"]
 
@@ -42,29 +51,68 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _weights_fingerprint(location: str) -> list[list]:
-    """Name, size and mtime of the model's files: a reinstall or new weights re-exports."""
+def _weight_files(location: str) -> tuple[Path, list[Path]] | None:
     root = Path(location)
     if not root.is_dir():
+        return None
+    return root, sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
+
+
+def _weights_fingerprint(location: str) -> list[list]:
+    """Name, size and sha256 of the model's files: new weights re-export, a reinstall of the
+    same ones (another virtualenv sharing SCACHE_HOME: new mtimes) does not. About 0.5 s for MiniLM."""
+    found = _weight_files(location)
+    if found is None:
         return [[location]]
-    files = sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
+    root, files = found
+    out = []
+    for path in files:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out.append([str(path.relative_to(root)), path.stat().st_size, digest.hexdigest()])
+    return out
+
+
+def _weights_stat(location: str) -> list[list]:
+    """Name, size and mtime of the model's files: the free check tried before hashing them."""
+    found = _weight_files(location)
+    if found is None:
+        return [[location]]
+    root, files = found
     return [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
-def export_key(model: str, quantized: bool) -> dict:
+def export_key(model: str, quantized: bool, weights=_weights_fingerprint) -> dict:
     """What an export depends on; a cached export is reused only if this matches."""
     return {"recipe": ONNX_RECIPE, "opset": ONNX_OPSET, "model": model, "int8": quantized,
-            "weights": _weights_fingerprint(resolve_model_path(model)), "versions": _versions()}
+            "weights": weights(resolve_model_path(model)), "versions": _versions()}
 
 
-def onnx_export_dir(model: str, quantized: bool, root: Path | None = None) -> Path:
-    """``<root or scache_home()>/models/<name>-onnx[-int8]``."""
-    if root is None:
+def _stat_key(model: str, quantized: bool) -> dict:
+    return export_key(model, quantized, weights=_weights_stat)
+
+
+def onnx_export_dir(model: str, quantized: bool, models_dir: Path | None = None) -> Path:
+    """``<models_dir or scache_home()/models>/<name>-onnx[-int8]``."""
+    if models_dir is None:
         from cache_core.runtime import scache_home
 
-        root = scache_home()
+        models_dir = scache_home() / "models"
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model).name or model)
-    return Path(root) / "models" / f"{name}-onnx{'-int8' if quantized else ''}"
+    return Path(models_dir) / f"{name}-onnx{'-int8' if quantized else ''}"
+
+
+def can_export() -> bool:
+    """Whether the ``export`` extra is installed, judged without importing it (torch takes seconds)."""
+    for name in EXPORT_EXTRA:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
 
 
 def _read_meta(target: Path) -> dict | None:
@@ -74,27 +122,37 @@ def _read_meta(target: Path) -> dict | None:
         return None
 
 
-def _is_current(target: Path, key: dict) -> bool:
+def _is_current(target: Path, model: str, quantized: bool) -> bool:
+    """The export in ``target`` was made from these weights with these versions: the same files by
+    mtime (free), else by content (the weights are hashed only then)."""
     meta = _read_meta(target)
-    return meta is not None and meta.get("key") == key and (target / ONNX_FILE).is_file()
+    if meta is None or not (target / ONNX_FILE).is_file():
+        return False
+    if meta.get("stat_key") == _stat_key(model, quantized):
+        return True
+    return meta.get("key") == export_key(model, quantized)
 
 
-def ensure_onnx_export(model: str, quantized: bool = False, root: Path | None = None) -> Path:
+def ensure_onnx_export(model: str, quantized: bool = False, models_dir: Path | None = None) -> Path:
     """The directory of an up-to-date ONNX export of ``model``, exporting it if needed.
 
     Safe across processes (a file lock; the directory appears by an atomic rename,
     metadata written last). The int8 variant is quantised from the fp32 export.
+    Without the ``export`` extra the existing directory is returned unchecked (``installed_export``).
     """
-    target = onnx_export_dir(model, quantized, root)
-    key = export_key(model, quantized)
-    if _is_current(target, key):
+    target = onnx_export_dir(model, quantized, models_dir)
+    if not can_export():
+        return installed_export(target, model)
+    if _is_current(target, model, quantized):
         return target
-    fp32 = ensure_onnx_export(model, False, root) if quantized else None
+    fp32 = ensure_onnx_export(model, False, models_dir) if quantized else None
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _is_current(target, key):  # another process finished it meanwhile
+        if _is_current(target, model, quantized):  # another process finished it meanwhile
             return target
+        log.warning("exporting the encoder to ONNX (once per machine and weights; about 20-60 s)",
+                    extra={"model": model, "int8": quantized, "dir": str(target)})
         staging = target.parent / f".{target.name}.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -105,7 +163,8 @@ def ensure_onnx_export(model: str, quantized: bool = False, root: Path | None = 
             else:
                 report = _export_fp32(model, staging)
             report["export_s"] = round(time.perf_counter() - started, 2)
-            (staging / META_FILE).write_text(json.dumps({"key": key, "report": report}, indent=1))
+            meta = {"key": export_key(model, quantized), "stat_key": _stat_key(model, quantized), "report": report}
+            (staging / META_FILE).write_text(json.dumps(meta, indent=1))
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
         except Exception as exc:
@@ -115,6 +174,22 @@ def ensure_onnx_export(model: str, quantized: bool = False, root: Path | None = 
             raise EmbedderError(f"ONNX export of {model!r} failed: {exc}") from exc
     log.info("onnx export ready", extra={"model": model, "dir": str(target), **report})
     return target
+
+
+def installed_export(target: Path, model: str) -> Path:
+    """``target`` if it holds an export (a runtime without the ``export`` extra cannot check
+    its key against the weights, nor make one), else an error saying how to get one."""
+    if (target / ONNX_FILE).is_file() and (target / "tokenizer.json").is_file():
+        meta = _read_meta(target) or {}
+        made_for = meta.get("key", {}).get("model")
+        if made_for not in (None, model):
+            log.warning("onnx export was made for another model", extra={"dir": str(target), "made_for": made_for})
+        return target
+    raise EmbedderError(
+        f"no ONNX export of {model!r} in {target}, and this install cannot make one (the export extra, "
+        f"torch + sentence-transformers + onnx, is not installed): run `python -m cache_core.embedding.export` "
+        f"where `pip install 'scache[export]'` is installed and copy {target.name}/ to {target.parent}/ "
+        f"(or point SCACHE_CACHE__MODELS_DIR at where it is)")
 
 
 class _Traceable:
@@ -199,10 +274,10 @@ class OnnxEmbedder:
 
     @classmethod
     def load(cls, model: str, quantized: bool = False, threads: int | None = None,
-             root: Path | None = None) -> "OnnxEmbedder":
+             models_dir: Path | None = None) -> "OnnxEmbedder":
         """Export (once per machine) and load ``model``."""
         started = time.perf_counter()
-        embedder = cls.from_dir(ensure_onnx_export(model, quantized, root), threads, name=model)
+        embedder = cls.from_dir(ensure_onnx_export(model, quantized, models_dir), threads, name=model)
         embedder.load_s = time.perf_counter() - started
         log.info("embedding model loaded", extra={
             "model": model, "backend": "onnx-int8" if quantized else "onnx", "dim": embedder.dim,

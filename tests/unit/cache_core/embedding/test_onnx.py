@@ -1,7 +1,7 @@
-"""The ONNX Runtime encoder agrees with the PyTorch one on the shared data.
+"""The ONNX Runtime encoders (onnx-int8 the default) agree with the PyTorch one on the shared data.
 
 The export happens once per machine (cached under SCACHE_HOME/models); the first
-run of this module pays it (about 10 s for fp32, a few more for int8).
+run of the suite pays it (about 10 s for fp32, a few more for int8).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def sample() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def torch_vectors(minilm_embedder, sample):
-    return minilm_embedder.encode_with_norms(sample)
+def torch_vectors(torch_embedder, sample):
+    return torch_embedder.encode_with_norms(sample)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,12 @@ def test_int8_agreement_within_measured_bound(int8_embedder, torch_vectors, samp
     assert sims.min() >= INT8_MIN_COSINE, sims.min()
     assert sims.mean() >= INT8_MEAN_COSINE, sims.mean()
     assert norms == pytest.approx(torch_vectors[1], rel=0.1)
+
+
+def test_the_default_backend_is_the_int8_export(minilm_embedder):
+    assert CacheSettings().encoder_backend == "onnx-int8"
+    assert isinstance(minilm_embedder, OnnxEmbedder)
+    assert minilm_embedder.export_dir == onnx_export_dir(MODEL, quantized=True)
 
 
 def test_rows_do_not_depend_on_batch_order(onnx_embedder, sample):

@@ -1,4 +1,5 @@
-"""The real MiniLM model: normalisation and norms, micro-batching, and banking77 behaviour."""
+"""The real MiniLM model on the default backend (onnx-int8): normalisation and norms, micro-batching,
+and banking77 behaviour; the torch backend's own load errors."""
 from __future__ import annotations
 
 import threading
