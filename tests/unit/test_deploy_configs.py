@@ -171,3 +171,76 @@ def test_no_image_step_hides_its_failure():
         for number, line in enumerate(dockerfile.read_text().splitlines(), 1):
             if not line.lstrip().startswith("#"):
                 assert "|| true" not in line, f"{dockerfile.name}:{number}: {line.strip()}"
+
+
+def dockerfile_stages(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """stage name -> (its FROM image, its instructions with continuation lines joined)."""
+    stages: dict[str, tuple[str, list[str]]] = {}
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        found = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?$", line, re.I)
+        if found:
+            current = found.group(2) or f"stage{len(stages)}"
+            stages[current] = (found.group(1), [])
+        else:
+            stages[current][1].append(line)
+    return stages
+
+
+def test_the_image_exports_in_a_builder_stage_and_runs_without_torch():
+    """The multi-stage Dockerfile, read statically (no container engine here): the export extra and
+    the ONNX export live in the builder only; the runtime stage installs the package with no extra,
+    refuses torch, copies the int8 export to the models directory its settings name, outside any
+    state volume; the default (last) stage is that runtime."""
+    from cache_core.embedding.onnx import onnx_export_dir
+    from cache_core.settings import CacheSettings
+
+    stages = dockerfile_stages(DEPLOY / "Dockerfile")
+    assert list(stages) == ["builder", "runtime", "dashboard", "cache"]
+    builder = "\n".join(stages["builder"][1])
+    assert "pip install -c requirements.lock '.[export]'" in builder
+    assert "python -m cache_core.embedding.export --backend onnx-int8 --models-dir /models" in builder
+    assert importlib.util.find_spec("cache_core.embedding.export") is not None
+
+    base, runtime = stages["runtime"]
+    assert base == stages["builder"][0]  # a fresh base: nothing of the builder but what is copied
+    installs = [line for line in runtime if "pip install" in line]
+    assert installs and all("pip install -c requirements.lock . " in line + " " for line in installs), installs
+    assert not any(word in line for line in runtime for word in ("[export]", "-r requirements.lock", "torch==")), runtime
+    assert any('import torch' in line and "exit 1" in line for line in runtime)  # refused if it crept in
+    env = dict(re.findall(r"(SCACHE_\w+)=(\S+)", " ".join(line for line in runtime if line.startswith("ENV"))))
+    assert set(env) - {"SCACHE_HOME"} <= SETTINGS and env["SCACHE_CACHE__ENCODER_BACKEND"] == "onnx-int8"
+    models_dir = env["SCACHE_CACHE__MODELS_DIR"]
+    export = onnx_export_dir(CacheSettings().model, quantized=True, models_dir=Path(models_dir))
+    (copy,) = [line for line in runtime if line.startswith("COPY --from=")]
+    assert copy == f"COPY --from=builder /models/{export.name} {export}"
+    assert any("load_embedder(CacheSettings())" in line for line in runtime if line.startswith("RUN"))
+
+    # The export is not under a state volume, where an empty mounted volume would hide it.
+    mounts = {m["mountPath"] for o in k8s_objects() for c in containers(o) for m in c.get("volumeMounts", [])}
+    mounts |= {v.split(":")[1] for s in compose()["services"].values() for v in s.get("volumes", [])}
+    assert mounts and not any(models_dir.startswith(m.rstrip("/") + "/") or models_dir == m for m in mounts)
+
+    assert stages["dashboard"][0] == "runtime"
+    assert "RUN pip install -c requirements.lock '.[dashboard]'" in stages["dashboard"][1]
+    assert stages["cache"] == ("runtime", [])
+    for name in ("dashboard", "autotune"):
+        assert compose()["services"][name]["image"] == "scache-dashboard:latest"
+    images = {c["image"] for o in k8s_objects() for c in containers(o) if c.get("image", "").startswith("scache")}
+    listed = {i["name"] for i in yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]}
+    assert images == listed == {"scache", "scache-dashboard"}
+
+
+def test_the_runtime_dependencies_hold_no_torch():
+    """``pip install .`` (the runtime stage) pulls none of the export extra's packages."""
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[=<>\[ ]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    export = {re.split(r"[=<>\[ ]", dep, maxsplit=1)[0].lower() for dep in project["optional-dependencies"]["export"]}
+    assert {"torch", "sentence-transformers", "onnx"} <= export and not names & export
+    assert {"onnxruntime", "tokenizers"} <= names
