@@ -41,6 +41,7 @@ from cache_core.state.feedback import ServedHit, ServedHits
 from cache_core.store.factory import Backends
 from cache_core.store.partition import Partition
 from cache_core.store.stores import Stores
+from cache_core.tracing import OFF, Tracing, annotate
 from cache_core.records import (CacheEntry, EntryMatch, InvalidRequest, LookupResult, Request, StoreItem,
                               StoreResult)
 
@@ -66,8 +67,10 @@ class SemanticCache:
                  cluster_radius: float = 0.55, seed: int | None = None,
                  event_executor=None, ann_checker=None, feedback_memory: int = 100_000,
                  hit_rule: HitRule | None = None, embedding_cache: EmbeddingCache | None = None,
-                 backends: Backends | None = None):
+                 backends: Backends | None = None, tracing: Tracing = OFF):
         self.embedder = embedder
+        self.tracing = tracing
+        """Spans of the lookup path (cache_core.tracing; off by default)."""
         self.embedding_cache = embedding_cache
         """Exact-text LRU in front of ``embedder`` (None: every text is encoded)."""
         self.lifetimes = AdaptiveLifetimes()
@@ -79,7 +82,7 @@ class SemanticCache:
         self.max_answer_chars = max_answer_chars
         self.ann_checker = ann_checker
         self.emitter = EventEmitter(executor=event_executor, sink=event_sink, instance_id=instance_id,
-                                    emit_query_text=emit_query_text, ann_checker=ann_checker)
+                                    emit_query_text=emit_query_text, ann_checker=ann_checker, tracing=tracing)
         self.clusters = OnlineClusters(embedder.dim, radius=cluster_radius)
         self.hit_rule = hit_rule or HitRule()
         """Decides every lookup (cache_core.decision)."""
@@ -106,17 +109,19 @@ class SemanticCache:
 
         Raises InvalidRequest (bad query or ids) and UnknownExperiment.
         """
-        self._check_query(query, unit_id, namespace, scope)
-        started = time.perf_counter()
-        experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
-        cached = self._cached_embedding(query)
-        if cached is not None:
-            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
-                                        query, unit_id, namespace, scope)
-        vecs, norms = self.embedder.encode_with_norms([query])
-        self._remember([query], vecs, norms, started)
-        req = self._request(experiment, unit_id, vecs[0], norms[0], started)
-        return self._lookup_encoded(req, query, unit_id, namespace, scope)
+        with self.tracing.span("scache.lookup", {"scache.namespace": namespace}) as span:
+            self._check_query(query, unit_id, namespace, scope)
+            started = time.perf_counter()
+            experiment = self.registry.get(experiment_id)  # one snapshot for the whole request
+            cached = self._cached_embedding(query)
+            if cached is not None:
+                return _traced(span, self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                                          query, unit_id, namespace, scope))
+            with self.tracing.span("scache.embed"):
+                vecs, norms = self.embedder.encode_with_norms([query])
+            self._remember([query], vecs, norms, started)
+            req = self._request(experiment, unit_id, vecs[0], norms[0], started)
+            return _traced(span, self._lookup_encoded(req, query, unit_id, namespace, scope))
 
     async def lookup_async(self, query: str, unit_id: str, experiment_id: str | None = None,
                            namespace: str = "default", scope: str | None = None) -> LookupResult:
@@ -124,21 +129,23 @@ class SemanticCache:
 
         The decision after the encode is short (search under the partition lock) and
         runs in the loop."""
-        self._check_query(query, unit_id, namespace, scope)
-        started = time.perf_counter()
-        experiment = self.registry.get(experiment_id)
-        cached = self._cached_embedding(query)
-        if cached is not None:
-            return self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
-                                        query, unit_id, namespace, scope)
-        submit = getattr(self.embedder, "submit", None)
-        if submit is not None:
-            vecs, norms = await asyncio.wrap_future(submit([query]))
-        else:
-            vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])
-        self._remember([query], vecs, norms, started)
-        req = self._request(experiment, unit_id, vecs[0], norms[0], started)
-        return self._lookup_encoded(req, query, unit_id, namespace, scope)
+        with self.tracing.span("scache.lookup", {"scache.namespace": namespace}) as span:
+            self._check_query(query, unit_id, namespace, scope)
+            started = time.perf_counter()
+            experiment = self.registry.get(experiment_id)
+            cached = self._cached_embedding(query)
+            if cached is not None:
+                return _traced(span, self._lookup_encoded(self._request_cached(experiment, unit_id, cached, started),
+                                                          query, unit_id, namespace, scope))
+            submit = getattr(self.embedder, "submit", None)
+            with self.tracing.span("scache.embed"):
+                if submit is not None:
+                    vecs, norms = await asyncio.wrap_future(submit([query]))
+                else:
+                    vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])
+            self._remember([query], vecs, norms, started)
+            req = self._request(experiment, unit_id, vecs[0], norms[0], started)
+            return _traced(span, self._lookup_encoded(req, query, unit_id, namespace, scope))
 
     def _lookup_encoded(self, req: Request, query: str, unit_id: str, namespace: str,
                         scope: str | None) -> LookupResult:
@@ -159,17 +166,23 @@ class SemanticCache:
         search_started = time.perf_counter()
         partition.lookup_waiting_since = search_started
         judged = judge_config(arm, req.variant) is not None
+        tracing = self.tracing
         with partition.lock:
             partition.lookup_waiting_since = 0.0
             now = self.clock()
-            outcome = partition.search(req.vec, scope, now)
+            with tracing.span("scache.search", {"scache.index_kind": partition.spec.kind}) as span:
+                outcome = partition.search(req.vec, scope, now)
+                annotate(span, candidates=len(outcome.candidates))
             if not judged:
-                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
-                                            experiment_id=req.experiment.experiment_id)
+                with tracing.span("scache.decide"):
+                    decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
+                                                    experiment_id=req.experiment.experiment_id)
                 ttl_fields = self._touch(partition, decision, outcome, arm, now)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
-            decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
-                                            experiment_id=req.experiment.experiment_id)
+            with tracing.span("scache.decide"), tracing.span("scache.judge") as span:
+                decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
+                                                experiment_id=req.experiment.experiment_id)
+                annotate(span, judge_version=decision.judge_version, judge_probability=decision.judge_probability)
             with partition.lock:
                 ttl_fields = self._touch(partition, decision, outcome, arm, now)
         shown = decision.served or outcome.best
@@ -426,3 +439,12 @@ class SemanticCache:
     def _sample(self, rate: float) -> bool:
         with self._rng_lock:
             return self._rng.random() < rate
+
+
+def _traced(span, result: LookupResult) -> LookupResult:
+    """The lookup span's attributes: the decision's request id (the one ``/v1/feedback`` takes) and the
+    nearest similarity, hit or not, as RedisVL records on its lookups."""
+    annotate(span, request_id=result.request_id, decision=result.decision, similarity=result.similarity,
+             threshold=result.threshold, arm=result.arm, experiment_id=result.experiment_id,
+             config_version=result.config_version, guard=result.guard)
+    return result

@@ -16,6 +16,7 @@ from cache_core.publish.event_worker import InlineExecutor, PendingEvent
 from cache_core.store.faiss import IndexMark
 from cache_core.store.partition import Partition
 from cache_core.records import CacheEntry, Candidate, LookupResult, Request, SearchOutcome
+from cache_core.tracing import OFF, Tracing
 
 # Sampled ANN checks are skipped while this many events wait to be finished.
 MAX_CHECK_BACKLOG = 64
@@ -89,8 +90,9 @@ class EventEmitter:
     """Finishes lookup records into events in ``executor`` (default: inline, in the caller)."""
 
     def __init__(self, *, executor=None, sink: EventSink | None = None, instance_id: str = "",
-                 emit_query_text: bool = False, ann_checker=None):
+                 emit_query_text: bool = False, ann_checker=None, tracing: Tracing = OFF):
         self.executor = executor or InlineExecutor()
+        self.tracing = tracing
         self.sink = sink
         self.instance_id = instance_id
         self.emit_query_text = emit_query_text
@@ -98,7 +100,8 @@ class EventEmitter:
 
     def hand_off(self, record: LookupRecord) -> PendingEvent:
         pending = PendingEvent()
-        self.executor.submit(lambda: self._finish(record, pending))
+        parent = self.tracing.capture()  # the publish span joins the request's trace from the event thread
+        self.executor.submit(lambda: self._finish(record, pending, parent))
         return pending
 
     def backlog(self) -> int:
@@ -110,7 +113,7 @@ class EventEmitter:
         flush = getattr(self.executor, "flush", None)
         return True if flush is None else flush(timeout_s)
 
-    def _finish(self, record: LookupRecord, pending: PendingEvent) -> None:
+    def _finish(self, record: LookupRecord, pending: PendingEvent, parent=None) -> None:
         """Run the sampled ANN check (if any), build the event, emit it (executor side)."""
         outcome = SearchOutcome(best=None)
         if record.check is not None:
@@ -127,7 +130,8 @@ class EventEmitter:
         event = self.event(record, outcome)
         pending.set(event)
         if self.sink is not None:
-            self.sink(event)
+            with self.tracing.span("scache.publish", {"scache.request_id": event.request_id}, parent=parent):
+                self.sink(event)
 
     def event(self, record: LookupRecord, outcome: SearchOutcome) -> CacheEvent:
         req = record.req

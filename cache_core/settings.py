@@ -295,6 +295,20 @@ class ShadowSettings(_Documented):
     """Answers at least this similar count as equivalent (equivalence=cosine)."""
 
 
+class TracingSettings(_Documented):
+    exporter: Literal["none", "console", "otlp"] = "none"
+    """OpenTelemetry spans (embed, search, decide, judge, upstream, publish; cache_core/tracing.py): none (off,
+    no cost), console (stdout) or otlp (needs opentelemetry-exporter-otlp-proto-http or -grpc installed; the
+    otel extra has only the SDK). Both need the otel extra."""
+    otlp_endpoint: str | None = None
+    """Where otlp sends spans: the full URL (http: e.g. http://collector:4318/v1/traces); unset: the exporter's
+    own OTEL_EXPORTER_OTLP_* variables or its default."""
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of traces kept (parent-based: a caller's sampled traceparent is followed)."""
+    service_name: str = "scache"
+    """The spans' ``service.name`` (each replica adds its instance id as ``service.instance.id``)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SCACHE_",
@@ -318,6 +332,7 @@ class Settings(BaseSettings):
     flink: FlinkSettings = FlinkSettings()
     dashboard: DashboardSettings = DashboardSettings()
     shadow: ShadowSettings = ShadowSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _require_tokens_outside_local(self) -> "Settings":

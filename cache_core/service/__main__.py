@@ -56,11 +56,12 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
     from cache_core.state.persistence import PersistenceError
     from cache_core.service.app import create_app
     from cache_core.service.wiring import Components
+    from cache_core.tracing import TracingError
 
     set_search_threads(1)
     try:
         components = Components.for_service(settings, instance_id, spool_dir)
-    except (EmbedderError, ValueError, yaml.YAMLError) as exc:
+    except (EmbedderError, TracingError, ValueError, yaml.YAMLError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     except OSError as exc:  # the spool directory cannot be made (a file there, no permission)

@@ -8,7 +8,9 @@ line (logger ``scache.access``) names the method, path, status and duration, and
 cache decision's ``request_id`` (``X-Scache-Request-Id``, the id that ``/v1/feedback`` takes).
 
 A plain ASGI middleware, not ``BaseHTTPMiddleware``: streamed answers pass through unbuffered, and the line
-is written when the last chunk has gone out.
+is written when the last chunk has gone out. With tracing on (``cache_core.tracing``) the request is also the
+root span of its trace (or a child of the caller's ``traceparent``), named ``METHOD /path`` and carrying the
+request id, so the lookup, upstream and publish spans of one request are one trace.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 import uuid
 
 from cache_core.logs import request_id
+from cache_core.tracing import OFF, Tracing, annotate
 
 log = logging.getLogger("scache.access")
 
@@ -37,8 +40,9 @@ def incoming_id(headers: list[tuple[bytes, bytes]]) -> str:
 class AccessLog:
     """ASGI middleware: request id in, request id out, one log line per request."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, tracing: Tracing = OFF) -> None:
         self.app = app
+        self.tracing = tracing
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -58,7 +62,7 @@ class AccessLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self._traced(scope, receive, send_with_id, rid, response)
         finally:
             client = scope.get("client")
             fields = {"request_id": rid, "method": scope["method"], "path": scope["path"], "status": response["status"],
@@ -68,3 +72,15 @@ class AccessLog:
                 fields["decision_id"] = response["decision_id"]
             log.info("%s %s %s", scope["method"], scope["path"], response["status"], extra=fields)
             request_id.reset(token)
+
+    async def _traced(self, scope, receive, send, rid: str, response: dict) -> None:
+        if not self.tracing.enabled:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        attributes = {"http.request.method": scope["method"], "url.path": scope["path"], "scache.http_request_id": rid}
+        with self.tracing.span(f"{scope['method']} {scope['path']}", attributes,
+                               parent=self.tracing.extract(headers), kind="server") as span:
+            await self.app(scope, receive, send)
+            span.set_attribute("http.response.status_code", response["status"])
+            annotate(span, request_id=response["decision_id"])

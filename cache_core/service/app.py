@@ -36,7 +36,8 @@ def create_app(components: Components) -> FastAPI:
     add_error_handlers(app)
     app.add_middleware(TransportMiddleware,
                        max_body_bytes=int(components.settings.service.max_request_mib * 1024 * 1024))
-    app.add_middleware(AccessLog)  # outermost: a 413 from the size limit gets its request id and log line too
+    # outermost: a 413 from the size limit gets its request id, log line (and trace) too
+    app.add_middleware(AccessLog, tracing=components.tracing)
     for router in ROUTERS:
         app.include_router(router)
     return app

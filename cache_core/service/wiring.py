@@ -46,6 +46,7 @@ from cache_core.service.keys import KeyRing
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.shadow import build_checker
 from cache_core.settings import CacheSettings, Settings
+from cache_core.tracing import OFF, Tracing, build_tracing
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class Components:
     """Shadow checks (``cache_core.shadow``), started by ``start()`` when ``settings.shadow`` enables them."""
     heartbeat_s: float | None = None
     """Publisher heartbeats this often once started (the service only)."""
+    tracing: Tracing = OFF
+    """OpenTelemetry spans (``cache_core.tracing``), off unless ``settings.tracing`` names an exporter."""
     _closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
     """What ``stop()`` closes besides the followers, in order (only what these components own)."""
     _started: bool = False
@@ -116,12 +119,13 @@ class Components:
     def for_service(cls, settings: Settings, instance_id: str, spool_dir: Path,
                     embedder: Embedder | None = None, registry: ExperimentRegistry | None = None) -> Components:
         """The service as ``python -m cache_core.service`` runs it: everything from ``settings``.
-        Raises ``EmbedderError``/``ValueError``/``yaml.YAMLError`` (model, experiments file) and
-        ``OSError`` (spool directory) for the caller to report."""
+        Raises ``EmbedderError``/``ValueError``/``yaml.YAMLError`` (model, experiments file), ``TracingError``
+        (an exporter's package missing: checked first) and ``OSError`` (spool directory) for the caller to report."""
         from cache_core.publish.control_topic import ControlListener
         from cache_core.state.feedback import FeedbackFollower
         from cache_core.publish.publisher import MIB, EventPublisher
 
+        tracing = build_tracing(settings.tracing, instance_id)
         registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
         embedder = embedder or load_embedder(settings.cache)
         service = settings.service
@@ -136,7 +140,8 @@ class Components:
                                       max_log_records=settings.cache.snapshot_max_log_records)
         parts = build_components(settings, publisher, embedder, registry=registry, instance_id=instance_id,
                                  persistence=persistence, replicate=settings.cache.replicate,
-                                 close_publisher=True)
+                                 close_publisher=True, tracing=tracing)
+        parts._closers.append(("tracing", tracing.shutdown))  # last: the publish spans of the drained events go too
         # /readyz: not before the live config is known, the entries replayed, the verdicts applied
         if parts.entry_follower is not None:  # entries the other replicas store
             parts.followers["entries"] = parts.entry_follower
@@ -202,7 +207,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                      control_publisher: Callable[[ControlMessage], None] | None = None,
                      event_executor=None, replicate: bool = False,
                      expiry_sweep_s: float | None = DEFAULT_INTERVAL_S,
-                     close_publisher: bool = False) -> Components:
+                     close_publisher: bool = False, tracing: Tracing | None = None) -> Components:
     """The cache and what serves it, around ``publisher`` (``publish_event``, ``publish_feedback``,
     ``stats``; ``publish_entry`` with ``replicate``). Nothing starts until ``Components.start()``.
 
@@ -215,8 +220,12 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     here, whose ANN checks are batched, ``settings.cache.ann_check_*``). ``replicate``: stored entries
     and clears go to the entries topic; ``entry_follower`` (built, not started) applies the other replicas'.
     ``expiry_sweep_s``: expired entries are removed this often in the background (None: only lazily).
-    ``close_publisher``: ``stop()`` closes the publisher (after the followers, before the final snapshot)."""
+    ``close_publisher``: ``stop()`` closes the publisher (after the followers, before the final snapshot).
+    ``tracing``: spans go there (default: built from ``settings.tracing``, off unless it names an exporter;
+    raises ``TracingError`` if that exporter's package is missing)."""
     closers: list[tuple[str, Callable[[], None]]] = []
+    own_tracing = tracing is None
+    tracing = build_tracing(settings.tracing, instance_id) if own_tracing else tracing
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
@@ -245,7 +254,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
             settings.cache.judge_dir, tokens=lambda: token_encoder(settings.cache.model)))),
         embedding_cache=EmbeddingCache(settings.cache.embedding_cache_entries)
         if settings.cache.embedding_cache_entries else None,
-        backends=store_backends(settings.cache),
+        backends=store_backends(settings.cache), tracing=tracing,
     )
     sweeper = ExpirySweeper(cache, expiry_sweep_s) if expiry_sweep_s else None
     entry_follower = _replication(settings, cache, publisher, instance_id, persistence) if replicate else None
@@ -262,7 +271,7 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                        metrics=None, control_publisher=control_publisher, upstream=upstream,  # type: ignore[arg-type]
                        emit=sink, keys=KeyRing.from_settings(settings.service), instance_id=instance_id,
                        persistence=persistence, expiry=sweeper, entry_follower=entry_follower,
-                       _closers=closers)
+                       tracing=tracing, _closers=closers)
     # Shadow checks ask the upstream from their own worker threads: a blocking client of their own.
     shadow_client = httpx.Client()
     parts.shadow = build_checker(settings, encoder.encode, shadow_client, publisher.publish_feedback)
@@ -287,6 +296,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         closers.append(("persistence", persistence.close))
     if own_encoder:
         closers.append(("encoder", encoder.close))
+    if own_tracing:
+        closers.append(("tracing", tracing.shutdown))  # last: the publish spans of the drained events go too
     return parts
 
 

@@ -24,6 +24,7 @@ from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
 from cache_core.service.shadow import shadow_request
 from cache_core.service.wiring import Components
+from cache_core.tracing import annotate
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -92,8 +93,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
                                                                service.upstream_model), headers=headers)
             on_answer = _near_miss(components, result)
         started = time.perf_counter()
-        response = await chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
-                                      key_in_authorization=caller.consumed_authorization)
+        with components.tracing.span("scache.upstream", {"scache.request_id": cache_headers["x-scache-request-id"],
+                                                         "scache.stream": body.stream}, kind="client") as span:
+            response = await chat.forward(components.upstream, service, body, request.headers, stream=body.stream,
+                                          key_in_authorization=caller.consumed_authorization)
+            annotate(span, upstream_status=response.status_code)  # a stream: until its headers
         if body.stream:
             return await _relay_stream(cache, metrics, query, identity, body, response, cache_headers, started,
                                        on_answer)

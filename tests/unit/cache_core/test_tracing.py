@@ -1,0 +1,126 @@
+"""OpenTelemetry spans of the request path, read back with the SDK's in-memory exporter: off by default,
+one trace per HTTP request (following a caller's traceparent), the lookup span carrying the decision's
+request id and the nearest similarity, embed / search / decide under it, the upstream call and the
+publish (from the event thread) in the same trace; a missing OTLP exporter is a one-line start error."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from cache_core.service.app import create_app
+from cache_core.service.wiring import build_components
+from cache_core.settings import Settings, TracingSettings
+from cache_core.tracing import NO_SPAN, OFF, TracingError, build_tracing
+from infra.runtime import REPO_ROOT
+from tests.unit.cache_core.helpers import RecordingPublisher
+from tests.unit.cache_core.service.chat_stub import StubUpstream
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with StubUpstream() as server:
+        yield server
+
+
+@pytest.fixture()
+def traced(minilm_embedder, upstream):
+    spans = InMemorySpanExporter()
+    settings = Settings(service={"open_access": True, "upstream_url": f"http://127.0.0.1:{upstream.port}/v1"})
+    components = build_components(settings, RecordingPublisher(), minilm_embedder, expiry_sweep_s=None,
+                                  tracing=build_tracing(settings.tracing, "replica-1", exporter=spans))
+    with TestClient(create_app(components)) as client:
+        client.spans = spans
+        yield client
+    components.tracing.shutdown()
+
+
+def finished(client) -> dict[str, list]:
+    assert client.app.state.components.cache.flush_events()  # the publish spans end in the event thread
+    by_name: dict[str, list] = {}
+    for span in client.spans.get_finished_spans():
+        by_name.setdefault(span.name, []).append(span)
+    return by_name
+
+
+def test_off_by_default_and_free():
+    assert Settings().tracing.exporter == "none"
+    tracing = build_tracing(TracingSettings())
+    assert tracing is OFF and not tracing.enabled
+    assert tracing.span("scache.lookup") is NO_SPAN and tracing.capture() is None
+    with tracing.span("scache.embed") as span:
+        span.set_attribute("ignored", 1)
+
+
+def test_a_lookup_is_one_trace_with_its_request_id_and_nearest_similarity(traced):
+    traced.post("/v1/store", json={"query": "How do I reset my card PIN?", "answer": "In the app.", "unit_id": "u1"})
+    traced.spans.clear()
+    response = traced.post("/v1/lookup", json={"query": "I forgot my card PIN", "unit_id": "u1"},
+                           headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01", "x-request-id": "req-42"})
+    body = response.json()
+    spans = finished(traced)
+    (root,) = spans["POST /v1/lookup"]
+    (lookup,) = spans["scache.lookup"]
+    assert format(root.context.trace_id, "032x") == TRACE_ID  # the caller's trace, followed
+    assert root.attributes["scache.http_request_id"] == "req-42" == response.headers["x-request-id"]
+    assert root.attributes["http.response.status_code"] == 200
+    assert lookup.parent.span_id == root.context.span_id
+    assert lookup.attributes["scache.request_id"] == body["request_id"]
+    assert lookup.attributes["scache.similarity"] == pytest.approx(body["similarity"])
+    assert lookup.attributes["scache.decision"] == body["decision"]
+    assert lookup.attributes["scache.threshold"] == body["threshold"] and lookup.attributes["scache.arm"] == body["arm"]
+    for name in ("scache.embed", "scache.search", "scache.decide"):
+        (child,) = spans[name]
+        assert child.parent.span_id == lookup.context.span_id, name
+    assert spans["scache.search"][0].attributes["scache.candidates"] >= 1
+    (publish,) = spans["scache.publish"]  # ended in the event thread, parented across it
+    assert publish.parent.span_id == lookup.context.span_id
+    assert publish.attributes["scache.request_id"] == body["request_id"]
+    assert {s.resource.attributes["service.instance.id"] for s in traced.spans.get_finished_spans()} == {"replica-1"}
+
+
+def test_a_chat_miss_traces_the_upstream_call_in_the_same_trace(traced, upstream):
+    response = traced.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "trace me please"}],
+                                                         "user": "u2"})
+    assert response.status_code == 200 and response.headers["x-scache-decision"] == "miss"
+    spans = finished(traced)
+    (root,) = spans["POST /v1/chat/completions"]
+    (call,) = spans["scache.upstream"]
+    assert call.parent.span_id == root.context.span_id and call.context.trace_id == root.context.trace_id
+    assert call.attributes["scache.request_id"] == response.headers["x-scache-request-id"]
+    assert call.attributes["scache.upstream_status"] == 200 and call.end_time - call.start_time > 0
+    assert spans["scache.lookup"][0].context.trace_id == root.context.trace_id
+    assert root.attributes["scache.request_id"] == response.headers["x-scache-request-id"]
+
+
+def test_console_runs_and_otlp_without_its_package_says_which(monkeypatch):
+    console = build_tracing(TracingSettings(exporter="console"))
+    assert console.enabled
+    console.shutdown()
+    try:
+        import opentelemetry.exporter.otlp  # noqa: F401
+    except ImportError:
+        with pytest.raises(TracingError, match="opentelemetry-exporter-otlp-proto-http"):
+            build_tracing(TracingSettings(exporter="otlp"))
+    else:
+        pytest.skip("an OTLP exporter is installed here")
+
+
+def test_the_service_refuses_to_start_with_an_exporter_it_lacks(tmp_path):
+    try:
+        import opentelemetry.exporter.otlp  # noqa: F401
+        pytest.skip("an OTLP exporter is installed here")
+    except ImportError:
+        pass
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCACHE_")}
+    env.update(PYTHONPATH=str(REPO_ROOT), SCACHE_HOME=str(tmp_path), SCACHE_TRACING__EXPORTER="otlp")
+    done = subprocess.run([sys.executable, "-m", "cache_core.service", "--spool-dir", str(tmp_path / "spool")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "opentelemetry-exporter-otlp-proto-http" in done.stderr and "Traceback" not in done.stderr
