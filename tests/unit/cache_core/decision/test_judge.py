@@ -179,3 +179,23 @@ def test_bad_pairs_files_are_one_line_errors(tmp_path, capsys, content, message)
     assert train_main(["--pairs", str(path), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_token_cache_encodes_each_text_once_and_stays_bounded():
+    from cache_core.decision.judge_tokens import TokenVectorCache
+
+    calls = []
+
+    def counting(texts):
+        calls.append(list(texts))
+        return fake_tokens(texts)
+
+    cache = TokenVectorCache(counting, capacity=3)
+    first = cache(["new question", "cached a", "cached b"])
+    again = cache(["another question", "cached a", "cached b", "cached a"])
+    assert calls == [["new question", "cached a", "cached b"], ["another question"]]
+    assert again[1] is first[1] and again[3] is first[1]
+    assert cache.encoded == 4
+    cache(["x", "y"])  # capacity 3: the least recently used texts fall out
+    cache(["new question"])
+    assert calls[-1] == ["new question"]
