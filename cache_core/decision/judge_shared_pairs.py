@@ -63,9 +63,9 @@ class SharedDataError(ValueError):
     """The data folder lacks a file the pairs are built from."""
 
 
-def shared_pairs(data: Path, encode, max_per_split: int | None = None) -> list[tuple[str, str, int]]:
-    """Every training split's rows as (cached, query, label)."""
-    return [row[:3] for name, rows in load_pairs(data, encode, max_per_split).items()
+def shared_pairs(data: Path, encode, max_per_split: int | None = None) -> list[tuple[str, str, int, str]]:
+    """Every training split's rows as (cached, query, label, source)."""
+    return [row for name, rows in load_pairs(data, encode, max_per_split).items()
             if name.endswith("-train") for row in rows]
 
 

@@ -59,10 +59,10 @@ class TokenVectorCache:
 @functools.lru_cache(maxsize=4)
 def token_encoder(model: str) -> TokenEncoder:
     """A thread-safe, caching ``TokenEncoder`` over ``model`` (sentence-transformers, CPU, offline)."""
-    return TokenVectorCache(_uncached_encoder(model))
+    return TokenVectorCache(uncached_token_encoder(model))
 
 
-def _uncached_encoder(model: str) -> TokenEncoder:
+def uncached_token_encoder(model: str) -> TokenEncoder:
     from cache_core.embedding.embedder import load_unnormalised
 
     st_model = load_unnormalised(model)

@@ -199,3 +199,47 @@ def test_token_cache_encodes_each_text_once_and_stays_bounded():
     cache(["x", "y"])  # capacity 3: the least recently used texts fall out
     cache(["new question"])
     assert calls[-1] == ["new question"]
+
+
+def test_the_blend_keeps_a_candidate_low_on_cosine_low_whatever_the_trees_say(artifact):
+    assert artifact.blend is not None and artifact.blend.kind == "min"
+    X = np.tile(np.median(np.array(artifact_features_sample()), axis=0), (2, 1))
+    X[0, 0], X[1, 0] = 0.99, 0.05  # the same words, one far below every trained cosine
+    high, low = artifact.probabilities(X)
+    assert high > low
+    assert artifact.blend(np.array([1e9]), np.array([-1.0]))[0] < 0.01
+
+
+def artifact_features_sample():
+    from cache_core.decision.judge_train import featurise
+    return featurise(labelled_pairs(40, seed=5), fake_encode, fake_tokens)
+
+
+def test_a_version_1_artifact_without_a_blend_still_loads(tmp_path, artifact):
+    from dataclasses import replace
+
+    from cache_core.decision.judge_model import _digest
+
+    body = replace(artifact, blend=None).to_json()
+    body.pop("sha256")
+    body.pop("blend")
+    body["format"] = "scache-judge/1"
+    (tmp_path / "judge-t1.json").write_text(json.dumps(body | {"sha256": _digest(body)}))
+    loaded = JudgeArtifact.load(tmp_path / "judge-t1.json")
+    X = np.random.default_rng(1).random((20, len(FEATURE_NAMES)))
+    assert loaded.blend is None
+    assert np.allclose(loaded.probabilities(X), artifact.calibration(artifact.trees.raw(X)))
+
+
+def test_trained_on_public_sets_alone_each_cut_is_the_strictest_over_the_sets():
+    pairs = labelled_pairs(800, seed=2)
+    sources = ["easy" if i % 3 else "hard" for i in range(len(pairs))]
+    # the "hard" set has a third of its duplicates mislabelled: its own cut must be stricter
+    noisy = [(a, b, 0 if (s == "hard" and y == 1 and i % 9 == 1) else y)
+             for i, ((a, b, y), s) in enumerate(zip(pairs, sources))]
+    judged = train([], noisy, fake_encode, fake_tokens, version="t2", encoder="fake", seed=0, extra_sources=sources)
+    per_source = judged.report["source_operating_points"]
+    assert judged.report["operating_points_rule"] == "strictest over sources"
+    for key, cut in judged.operating_points.items():
+        assert cut == max(judged.report["operating_points"][key]["accept_at"],
+                          *(pts[key]["accept_at"] for pts in per_source.values()))
