@@ -29,10 +29,10 @@ EventSink = Callable[[CacheEvent], None]
 def entry_snapshot(shown: Candidate | None, now: float) -> dict:
     """The event's fields about the entry served (or the nearest one)."""
     if shown is None:
-        return {"entry_id": None, "entry_age_s": None, "entry_ttl_s": None}
+        return {"entry_id": None, "entry_age_s": None, "entry_ttl_s": None, "matched_query_text": None}
     entry = shown.entry
     return {"entry_id": entry.entry_id, "entry_age_s": max(0.0, now - entry.created_at),
-            "entry_ttl_s": entry.expires_at() - entry.created_at}
+            "entry_ttl_s": entry.expires_at() - entry.created_at, "matched_query_text": entry.query}
 
 
 @dataclass
@@ -135,6 +135,8 @@ class EventEmitter:
 
     def event(self, record: LookupRecord, outcome: SearchOutcome) -> CacheEvent:
         req = record.req
+        entry = dict(record.entry)
+        matched_query = entry.pop("matched_query_text", None)
         return CacheEvent(
             request_id=req.request_id, ts_ms=record.ts_ms, instance_id=self.instance_id,
             namespace=record.namespace, experiment_id=req.experiment.experiment_id,
@@ -145,11 +147,12 @@ class EventEmitter:
             similarity_mode=record.similarity_mode, score=record.score,
             score_margin=record.score_margin, judge_version=record.judge_version,
             judge_probability=record.judge_probability, judge_ms=record.judge_ms,
-            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **record.entry, **record.ttl_fields,
+            intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **entry, **record.ttl_fields,
             index_kind=record.index_kind, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,
             embed_ms=req.embed_ms, embed_cached=req.embed_cached, embed_saved_ms=req.embed_saved_ms,
             search_ms=record.search_ms, latency_ms=record.latency_ms,
             query_chars=len(record.query),
             query_text=record.query if self.emit_query_text else None,
+            matched_query_text=matched_query if self.emit_query_text else None,
         )

@@ -119,6 +119,9 @@ class CacheEvent(BaseModel):
     query_chars: int = 0
     query_text: str | None = None
     """Raw query, only when settings allow it to leave the process."""
+    matched_query_text: str | None = None
+    """The cached question of the entry served (or the nearest one), under the same setting:
+    with ``query_text`` and a verdict it makes a labelled pair for ``judge_train --warehouse``."""
 
     def kafka_key(self) -> bytes:
         # Keyed by unit so one unit's events stay ordered within a partition.

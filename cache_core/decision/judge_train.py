@@ -5,11 +5,16 @@
     python -m cache_core.decision.judge_train --shared-data ../shared/data --version v1
     python -m cache_core.decision.judge_train --pairs my_pairs.csv --shared-data ../shared/data
 
+    python -m cache_core.decision.judge_train --warehouse --days 14 --shared-data ../shared/data
+
 A pairs file is CSV with a header or JSON Lines, one pair a row: ``query`` (the new
 question), ``cached_query`` (the stored one) and ``label`` (1 / true / "correct": its answer
-fits; 0 / false / "wrong": it does not). The warehouse's user and shadow verdicts export to
-this shape. ``--shared-data`` adds the project's public labelled sets (MRPC, STS-B,
-banking77 nearest-neighbour pairs, GPTCache's mock pairs; see ``shared_pairs``).
+fits; 0 / false / "wrong": it does not). ``--warehouse`` adds the traffic's own user and
+shadow verdicts (``judge_verdicts``; the replicas must emit question texts); they count as
+the user's own pairs. ``--shared-data`` adds the project's public labelled sets (MRPC,
+STS-B, banking77 nearest-neighbour pairs, GPTCache's mock pairs; see ``shared_pairs``).
+Trained on public sets alone, the judge blends its score with the cosine and cuts at the
+strictest of the sets' operating points (``fit_artifact``): no domain is known yet.
 
 Steps: features (``judge_features``) with the cache's own encoder; a stratified split
 (``--holdout`` of the rows, seeded; with a pairs file the held-out rows come from it alone,
@@ -279,6 +284,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cache_core.decision.judge_train",
                                 description="Train a judge artifact from labelled (query, cached_query, label) pairs.")
     p.add_argument("--pairs", type=Path, help="CSV (header) or JSON Lines: query, cached_query, label")
+    p.add_argument("--warehouse", action="store_true",
+                   help="also train on the warehouse's user and shadow verdicts (needs the replicas to run with "
+                        "SCACHE_CACHE__EMIT_QUERY_TEXT=true; reads SCACHE_CLICKHOUSE__URL)")
+    p.add_argument("--days", type=int, default=30, help="with --warehouse: verdicts of the last N days")
     p.add_argument("--shared-data", type=Path, help="also train on the public sets in this folder (../shared/data)")
     p.add_argument("--version", help="artifact version (default: a timestamp, v<YYYYmmddHHMM>)")
     p.add_argument("--out", type=Path, help="artifact directory (default: the cache's judge_dir setting)")
@@ -297,23 +306,27 @@ def main(argv: list[str] | None = None) -> int:
     from cache_core.settings import get_settings
 
     args = _parser().parse_args(argv)
-    if args.pairs is None and args.shared_data is None:
-        _parser().error("give --pairs FILE, --shared-data DIR, or both")
+    if args.pairs is None and args.shared_data is None and not args.warehouse:
+        _parser().error("give --pairs FILE, --warehouse, --shared-data DIR, or several")
+    if args.days < 1:
+        _parser().error(f"--days must be at least 1, got {args.days}")
     if not 0.05 <= args.holdout <= 0.5:
         _parser().error(f"--holdout must be within 0.05-0.5, got {args.holdout}")
     version = args.version or time.strftime("v%Y%m%d%H%M", time.gmtime())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         artifact_name(version)
         own = read_pairs(args.pairs) if args.pairs else []
+        if args.warehouse:
+            own += _warehouse_pairs(get_settings().clickhouse, args.days)
         from cache_core.decision.judge_shared_pairs import shared_pairs
         settings = get_settings().cache
         encode, tokens = _encoders(settings)
         labelled = shared_pairs(args.shared_data, encode, args.max_shared_pairs) if args.shared_data else []
         extra, sources = [row[:3] for row in labelled], [row[3] for row in labelled]
-    except (PairsError, ValueError, OSError) as exc:
+    except (PairsError, ValueError, OSError, WarehouseUnavailable) as exc:
         print(f"judge_train: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log.info("training judge %s on %d own + %d shared pairs", version, len(own), len(extra))
     artifact = train(own, extra, encode, tokens, version=version, encoder=settings.model, seed=args.seed,
                      holdout=args.holdout, blend=None if args.blend == "none" else args.blend,
@@ -329,6 +342,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  at <= {float(key):.0%} wrong: judge serves {pts[key]['recall']:.1%} of duplicates "
               f"(accept_at {pts[key]['accept_at']:.3f}), cosine {cos[key]['recall']:.1%}")
     return 0
+
+
+class WarehouseUnavailable(RuntimeError):
+    """The warehouse could not be read (not reachable, or an older schema)."""
+
+
+def _warehouse_pairs(ch_settings, days: int) -> list[Pair]:
+    from cache_core.decision.judge_verdicts import warehouse_pairs
+
+    try:
+        found = warehouse_pairs(ch_settings, days)
+    except Exception as exc:  # the client's own errors: connection refused, unknown column, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WarehouseUnavailable(f"cannot read verdicts from {ch_settings.url}: {first}") from None
+    log.info("warehouse: %d verdict pairs (%s), %d verdicts without question texts", len(found.pairs),
+             found.by_source, found.without_text)
+    if found.without_text and not found.pairs:
+        raise WarehouseUnavailable(f"{found.without_text} verdicts in the last {days} days, none with question "
+                                   "texts: run the replicas with SCACHE_CACHE__EMIT_QUERY_TEXT=true")
+    return found.pairs
 
 
 def _encoders(settings):

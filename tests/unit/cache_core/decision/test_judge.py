@@ -243,3 +243,27 @@ def test_trained_on_public_sets_alone_each_cut_is_the_strictest_over_the_sets():
     for key, cut in judged.operating_points.items():
         assert cut == max(judged.report["operating_points"][key]["accept_at"],
                           *(pts[key]["accept_at"] for pts in per_source.values()))
+
+
+def test_warehouse_verdicts_fold_into_pairs_one_per_request_the_users_first():
+    from cache_core.decision.judge_verdicts import pairs_from_rows
+
+    found = pairs_from_rows([
+        ("r1", "shadow", "wrong", "q1", "c1"), ("r1", "user", "correct", "q1", "c1"),
+        ("r2", "shadow", "correct", "q2", "c2"), ("r3", "user", "wrong", None, None),
+    ])
+    assert sorted(found.pairs) == [("c1", "q1", 1), ("c2", "q2", 1)]
+    assert found.by_source == {"user": 1, "shadow": 1} and found.without_text == 1
+
+
+def test_train_from_an_unreachable_warehouse_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("SCACHE_CLICKHOUSE__URL", "http://127.0.0.1:9")
+    from cache_core.settings import get_settings
+    get_settings.cache_clear()
+    try:
+        code = train_main(["--warehouse", "--version", "w1"])
+    finally:
+        get_settings.cache_clear()
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("judge_train: cannot read verdicts from http://127.0.0.1:9") and "\n" not in err
