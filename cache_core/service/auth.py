@@ -83,7 +83,7 @@ def presented_key(request: Request) -> tuple[str | None, bool]:
     return None, False
 
 
-def get_caller(request: Request, components: ComponentsDep) -> Caller:
+async def get_caller(request: Request, components: ComponentsDep) -> Caller:
     openai = is_openai_path(request)
     if components.settings.service.open_access:
         return Caller(None, openai)

@@ -1,5 +1,9 @@
 """FastAPI dependencies: what a route needs, taken from the app's ``Components``
-(``cache_core.service.wiring``). Tests override them with ``app.dependency_overrides[get_cache] = ...``."""
+(``cache_core.service.wiring``). Tests override them with ``app.dependency_overrides[get_cache] = ...``.
+
+Every dependency here (and ``auth.get_caller``) is ``async def`` although none awaits: FastAPI runs a
+plain ``def`` dependency in its thread pool, a thread hop per dependency per request, which cost the
+lookup route most of its throughput under concurrency (bench/front_throughput.py)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -14,34 +18,34 @@ from cache_core.settings import Settings
 from cache_core.shadow.checker import ShadowChecker
 
 
-def get_components(request: Request) -> Components:
+async def get_components(request: Request) -> Components:
     return request.app.state.components
 
 
 ComponentsDep = Annotated[Components, Depends(get_components)]
 
 
-def get_cache(components: ComponentsDep) -> SemanticCache:
+async def get_cache(components: ComponentsDep) -> SemanticCache:
     return components.cache
 
 
-def get_registry(components: ComponentsDep) -> ExperimentRegistry:
+async def get_registry(components: ComponentsDep) -> ExperimentRegistry:
     return components.registry
 
 
-def get_metrics(components: ComponentsDep) -> ServiceMetrics:
+async def get_metrics(components: ComponentsDep) -> ServiceMetrics:
     return components.metrics
 
 
-def get_publisher(components: ComponentsDep) -> Publisher:
+async def get_publisher(components: ComponentsDep) -> Publisher:
     return components.publisher
 
 
-def get_settings(components: ComponentsDep) -> Settings:
+async def get_settings(components: ComponentsDep) -> Settings:
     return components.settings
 
 
-def get_shadow(components: ComponentsDep) -> ShadowChecker | None:
+async def get_shadow(components: ComponentsDep) -> ShadowChecker | None:
     return components.shadow
 
 

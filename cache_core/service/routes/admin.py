@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 AdminNamespace = Annotated[str, Path(min_length=1, max_length=128)]
 
 
-def require_admin(settings: SettingsDep, components: ComponentsDep, request: Request) -> None:
+async def require_admin(settings: SettingsDep, components: ComponentsDep, request: Request) -> None:
     """Raises ``Refused`` (401/403) unless the request carries the admin token (or a client key with
     the admin right)."""
     key, _ = presented_key(request)
