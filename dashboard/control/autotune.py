@@ -95,6 +95,16 @@ def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> Propor
     return ProportionStat(correct + wrong, wrong)
 
 
+def canary_shadow_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
+    """The canary's hits as shadow checks judged them (n, wrong), apart from the users' labels."""
+    df = queries.canary_shadow_stats(client, experiment_id, arm, since_ms)
+    row = df[df["variant"] == "canary"]
+    if row.empty:
+        return ProportionStat(0, 0)
+    correct, wrong = int(row["correct"].iloc[0]), int(row["wrong"].iloc[0])
+    return ProportionStat(correct + wrong, wrong)
+
+
 def _push(settings: Settings, config: ExperimentConfig, change: changes.Change, actor: str, reason: str,
           client, clock) -> ExperimentConfig:
     message = publishing.publish_change(settings, config.experiment_id, change, actor, reason,
@@ -118,9 +128,10 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
     for arm in config.arms:
         if arm.canary is None:
             continue
-        decision = evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name,
-                                                                    arm.canary.started_at_ms),
-                                          min_labelled=guardrails.min_labelled, alpha=guardrails.alpha)
+        started = arm.canary.started_at_ms
+        decision = evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name, started),
+                                   min_labelled=guardrails.min_labelled, alpha=guardrails.alpha,
+                                   shadow=canary_shadow_labels(client, experiment_id, arm.name, started))
         applied = apply and decision.action != "continue"
         if applied:
             change = changes.promote_canary(arm.name) if decision.action == "promote" else changes.rollback_canary(arm.name)
@@ -140,7 +151,8 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
     rules = queries.multi_rules(config)
     recommendations = tuning.recommend_all(config, queries.similarity_histogram(client, filters, rules),
                                            queries.labelled_similarity(client, filters, rules), guardrails,
-                                           now_ms=now, last_change_ms=last_ms, clusters=clusters)
+                                           now_ms=now, last_change_ms=last_ms, clusters=clusters,
+                                           shadow_labelled=queries.shadow_labelled(client, filters))
     if rules:  # before the thresholds: see the module docstring
         config = _tune_multi(settings, config, guardrails, filters, rules, touched, now, last_ms, actions,
                              client=client, apply=apply, actor=actor, canary_share=canary_share,
@@ -159,7 +171,7 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
         applied = apply and route.route in ("canary", "direct")
         if applied:
             reason = f"auto-tune: {rec.reason}" if rec.action == "explore" else \
-                f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {rec.labelled} labels)"
+                f"auto-tune: {rec.reason} (bound {rec.false_hit_upper:.2%} at {_labels(rec)})"
             if route.route == "canary":
                 change = changes.start_canary(rec.arm, rec.recommended, share,
                                               guardrails.target_false_hit_rate, at_ms=clock())
@@ -172,6 +184,13 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
         actions.append(TuneAction(experiment_id, rec.arm, rec.cluster, "recommendation", rec.action, rec.reason,
                                   applied, config.version if applied else None, rec.recommended))
     return actions
+
+
+def _labels(rec: tuning.Recommendation) -> str:
+    """The verdicts a recommendation's bound rests on, for its audit reason."""
+    if rec.basis == "shadow":
+        return f"{rec.shadow_labelled} shadow verdicts"
+    return f"{rec.labelled} labels" + (f" and {rec.shadow_labelled} shadow verdicts" if rec.basis == "users + shadow" else "")
 
 
 def logged_configs(settings: Settings, client, config: ExperimentConfig, *, history: pd.DataFrame | None = None,

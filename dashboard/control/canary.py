@@ -35,7 +35,7 @@ class CanaryDecision:
 
 
 def evaluate_canary(canary: CanaryConfig, labelled: ProportionStat, *, min_labelled: int = 30,
-                    alpha: float = DEFAULT_ALPHA) -> CanaryDecision:
+                    alpha: float = DEFAULT_ALPHA, shadow: ProportionStat | None = None) -> CanaryDecision:
     """Promote, roll back, or keep watching a canary, from its labelled hits (n, wrong).
 
     rollback: the false-hit rate is above ``canary.target_false_hit_rate`` with confidence;
@@ -46,7 +46,14 @@ def evaluate_canary(canary: CanaryConfig, labelled: ProportionStat, *, min_label
     ``alpha`` each over all its looks. (A fixed Clopper-Pearson bound re-checked on every
     run, the former ``bound`` method, rolled back a third of such canaries and promoted as
     many: gone.)
+
+    ``shadow``: the canary's hits as shadow checks judged them (``queries.canary_shadow_stats``),
+    never pooled with the users'. With it each source is tested at half the alpha: either one above
+    the target with confidence rolls back; one below with confidence and ``min_labelled`` verdicts
+    promotes, unless the other is above.
     """
+    if shadow is not None and shadow.n > 0:
+        return _two_sources(canary, labelled, shadow, min_labelled, alpha)
     target = canary.target_false_hit_rate
     n, wrong, rate = labelled.n, labelled.successes, labelled.rate
     result = test_against_target(labelled, target, alpha)
@@ -61,6 +68,37 @@ def evaluate_canary(canary: CanaryConfig, labelled: ProportionStat, *, min_label
     need = f"; {n}/{min_labelled} labels" if n < min_labelled else ""
     return CanaryDecision("continue", f"not yet conclusive: {shown} ({wrong}/{n}) vs target {target:.1%}{need}",
                           n, wrong, rate, evidence)
+
+
+def _two_sources(canary: CanaryConfig, users: ProportionStat, shadow: ProportionStat, min_labelled: int,
+                 alpha: float) -> CanaryDecision:
+    """``evaluate_canary`` on users' and shadow verdicts apart, each at alpha / 2."""
+    target = canary.target_false_hit_rate
+    tests = {name: (stat, test_against_target(stat, target, alpha / 2)) for name, stat in
+             (("users", users), ("shadow", shadow))}
+
+    def said(name: str) -> str:
+        stat = tests[name][0]
+        shown = "—" if stat.rate is None else f"{stat.rate:.1%}"
+        return f"{name} {shown} ({stat.successes}/{stat.n})"
+
+    above = [name for name, (_, t) in tests.items() if t.side == "above"]
+    below = [name for name, (stat, t) in tests.items() if t.side == "below" and stat.n >= min_labelled]
+    both = f"{said('users')}, {said('shadow')}"
+    decided = above or below
+    name = decided[0] if decided else "users"
+    stat, result = tests[name]
+    if above:
+        return CanaryDecision("rollback", f"false-hit rate above the target {target:.1%} with confidence by "
+                              f"{' and '.join(above)}' verdicts: {both}", stat.n, stat.successes, stat.rate,
+                              result.p_value)
+    if below:
+        return CanaryDecision("promote", f"false-hit rate below the target {target:.1%} with confidence by "
+                              f"{' and '.join(below)}' verdicts: {both}", stat.n, stat.successes, stat.rate,
+                              result.p_value)
+    return CanaryDecision("continue", f"not yet conclusive vs target {target:.1%}: {both}; {min_labelled} "
+                          "verdicts of one source needed", users.n, users.successes, users.rate,
+                          tests["users"][1].p_value)
 
 
 def configs_by_version(history: pd.DataFrame, *configs: ExperimentConfig | None) -> dict[int, ExperimentConfig]:

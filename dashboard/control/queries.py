@@ -149,6 +149,18 @@ def shadow_verdicts(client, filters: Filters) -> pd.DataFrame:
     return _with_false_hit_rate(_frame(client, sql_verdicts.SHADOW_VERDICTS_SQL, filters.parameters()))
 
 
+def shadow_labelled(client, filters: Filters) -> pd.DataFrame:
+    """Shadow verdicts per arm x intent cluster x decision ("hit" / "miss": a near-miss) x similarity
+    bin (0.001, as ``similarity_histogram``): correct, wrong. What ``shadow_estimates`` reads."""
+    return _frame(client, sql_verdicts.SHADOW_LABELLED_SQL, filters.parameters())
+
+
+def canary_shadow_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.DataFrame:
+    """Per variant (base / canary) of one arm since ``since_ms``: its hits' shadow verdicts."""
+    return _frame(client, sql_verdicts.CANARY_SHADOW_SQL,
+                  {"experiment_id": experiment_id, "arm": arm, "since_ms": int(since_ms)})
+
+
 def judge_versions(client, filters: Filters) -> pd.DataFrame:
     """Per arm x judge version ('' = no judge): requests, hits, judged, judge_ms_mean / _p95 (the judge
     stage's added latency), and users' and shadow checks' verdicts on the hits, apart

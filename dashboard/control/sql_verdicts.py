@@ -25,6 +25,43 @@ ORDER BY arm, decision, similarity_milli
 """
 
 
+# Shadow verdicts as the what-if reads them (dashboard.control.shadow_estimates): per arm x intent
+# cluster x decision x similarity bin at 0.001 (the bins of sql.SIMILARITY_HIST_SQL). decision 'hit':
+# a served answer re-asked upstream; 'miss': a near-miss, the nearest candidate's answer judged.
+SHADOW_LABELLED_SQL = f"""
+SELECT e.arm AS arm,
+       e.intent_cluster AS intent_cluster,
+       e.decision AS decision,
+       toInt64(floor(e.similarity * 1000 + 1e-9)) AS similarity_milli,
+       countIf(f.verdict = 'correct') AS correct,
+       countIf(f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, arm, intent_cluster, decision, similarity FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND similarity IS NOT NULL AND guard IS NULL
+) AS e
+INNER JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm, intent_cluster, decision, similarity_milli
+ORDER BY arm, intent_cluster, decision, similarity_milli
+"""
+
+
+# A canary's hits as shadow checks judged them (per variant), beside sql.CANARY_SQL's users' verdicts.
+CANARY_SHADOW_SQL = """
+SELECT e.variant AS variant,
+       countIf(f.verdict = 'correct') AS correct,
+       countIf(f.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, variant FROM events_raw FINAL
+    WHERE event_type = 'decision' AND decision = 'hit'
+      AND experiment_id = {experiment_id:String} AND arm = {arm:String}
+      AND ts_ms >= {since_ms:Int64}
+) AS e
+INNER JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS f USING (request_id)
+GROUP BY variant
+ORDER BY variant
+"""
+
 
 # Per arm x judge version ('' = no judge) from the decisions: requests, hits, the judge stage's
 # latency (judge_ms, NULL where no judge ran: avg / quantile skip NULLs), and the hits' verdicts from
@@ -53,6 +90,8 @@ ORDER BY arm, judge_version
 
 
 COLUMNS: dict[str, list[str]] = {
+    SHADOW_LABELLED_SQL: ["arm", "intent_cluster", "decision", "similarity_milli", "correct", "wrong"],
+    CANARY_SHADOW_SQL: ["variant", "correct", "wrong"],
     SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],
     JUDGE_VERSIONS_SQL: ["arm", "judge_version", "requests", "hits", "judged", "judge_ms_mean", "judge_ms_p95",
                          "user_correct", "user_wrong", "shadow_correct", "shadow_wrong"],

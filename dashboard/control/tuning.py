@@ -31,6 +31,15 @@ logged one (``multi_min_threshold``) are therefore unsupported and never recomme
 (The replays themselves are in ``whatif``; a multi arm's score floor and answer margin are
 tuned by ``tuning_multi``, canaries judged by ``canary``.)
 
+Shadow verdicts (``shadow_labelled``, optional): hit checks and near-miss checks give a second
+estimate per candidate, kept apart from the users' (``shadow_estimates``: near-misses make the
+curve below the current threshold measurable without a canary). Each source's bound is then at
+half the alpha. A candidate is feasible when a source with enough verdicts (``min_labelled``) that
+covers it puts its bound under the target, and no source with enough verdicts that covers it
+measures it over the target (its point estimate: the two may disagree, e.g. an equivalence check
+stricter than users, and then the worse one wins); ``basis`` says which source(s) a recommendation
+rests on. Multi arms use users' verdicts only.
+
 Re-runs: the bound is time-uniform over the looks at one growing sample and split over the
 candidates of a pass (at 1 wrong of 156 labels and 13 candidates it is 7.2% where a one-pass
 Clopper-Pearson bound is 3.0%: it needs more labels). ``autotune --every`` reads a rolling
@@ -55,7 +64,10 @@ from cache_core.decision.thresholds import threshold_for
 from cache_core.experiments import ExperimentConfig
 from dashboard.control.canary import RolledBack
 from dashboard.control.guardrails import Action, Guardrails
+from dashboard.control.shadow_estimates import shadow_table
 from dashboard.control.whatif import threshold_table
+
+Basis = Literal["users", "shadow", "users + shadow", ""]
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,11 @@ class Recommendation:
     """Upper confidence bound of the false-hit rate at the recommended threshold."""
     labelled: int = 0
     candidates: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, compare=False)
+    basis: Basis = ""
+    """Whose verdicts the recommended value's bound rests on ("shadow": shadow checks', near-misses
+    included; "": no bound, e.g. a hold for traffic)."""
+    shadow_labelled: int = 0
+    """Shadow verdicts (hit and near-miss checks) at or above the recommended value."""
 
 
 def candidate_grid(current: float, guardrails: Guardrails, low: float = 0.0, high: float = 1.0) -> np.ndarray:
@@ -93,17 +110,59 @@ def not_yet(decisions: int, last_change_ms: int | None, now_ms: int, g: Guardrai
 
 
 def over_target(now_row: pd.Series, g: Guardrails) -> bool:
-    """Enough labels at the current setting, and its false-hit bound is above the target."""
-    return bool(now_row["labelled"] >= g.min_labelled and now_row["false_hit_upper"] is not None
-                and now_row["false_hit_upper"] > g.target_false_hit_rate)
+    """Enough labels at the current setting, and its false-hit bound is above the target (the users',
+    or, when the row has them, the shadow checks')."""
+    users = bool(now_row["labelled"] >= g.min_labelled and now_row["false_hit_upper"] is not None
+                 and now_row["false_hit_upper"] > g.target_false_hit_rate)
+    return users or bool("shadow_supported" in now_row and _shadow_says(now_row, g, over=True))
+
+
+def _shadow_says(row: pd.Series, g: Guardrails, over: bool = False) -> bool | None:
+    """With enough shadow verdicts covering the row: its bound under the target (True / False), or with
+    ``over``, its point estimate over the target; None: no say."""
+    if not row["shadow_supported"] or row["shadow_labelled"] < g.min_labelled:
+        return None
+    if over:
+        return bool(row["shadow_false_hit_rate"] > g.target_false_hit_rate)
+    return bool(row["shadow_false_hit_upper"] <= g.target_false_hit_rate)
+
+
+def _feasibility(table: pd.DataFrame, g: Guardrails) -> pd.DataFrame:
+    """``feasible`` and ``basis`` per candidate row (see the module docstring)."""
+    table = table.copy()
+    users_enough = table["supported"] & (table["labelled"] >= g.min_labelled)
+    users_ok = users_enough & (table["false_hit_upper"] <= g.target_false_hit_rate)
+    if "shadow_supported" not in table:
+        table["feasible"], table["basis"] = users_ok, np.where(users_ok, "users", "")
+        return table
+    table["known"] = table["supported"] | table["shadow_supported"]
+    shadow_ok = table.apply(lambda row: _shadow_says(row, g), axis=1).eq(True)
+    shadow_over = table.apply(lambda row: _shadow_says(row, g, over=True), axis=1).eq(True)
+    users_over = users_enough & (table["false_hit_rate"].astype("float64") > g.target_false_hit_rate)
+    table["feasible"] = (users_ok | shadow_ok) & ~users_over & ~shadow_over
+    table["basis"] = np.select([users_ok & shadow_ok, users_ok, shadow_ok], ["users + shadow", "users", "shadow"], "")
+    return table
+
+
+def candidate_table(similarity_hist: pd.DataFrame, labelled: pd.DataFrame, thresholds, g: Guardrails,
+                    shadow_labelled: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``whatif.threshold_table`` (users' verdicts) and, with ``shadow_labelled``, the shadow columns
+    of ``shadow_estimates.shadow_table`` beside it, each at half the alpha."""
+    if shadow_labelled is None:
+        return threshold_table(similarity_hist, labelled, thresholds, g.alpha)
+    thresholds = list(thresholds)
+    split = g.alpha / 2 / max(len(thresholds), 1)
+    table = threshold_table(similarity_hist, labelled, thresholds, g.alpha / 2)
+    shadow = shadow_table(similarity_hist, shadow_labelled, thresholds, split)
+    return pd.concat([table, shadow.drop(columns="threshold")], axis=1)
 
 
 def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled: pd.DataFrame,
               guardrails: Guardrails, *, now_ms: int, last_change_ms: int | None = None,
-              cluster: int | None = None) -> Recommendation:
+              cluster: int | None = None, shadow_labelled: pd.DataFrame | None = None) -> Recommendation:
     """The guarded best threshold for one arm (or cluster); see the module docstring."""
     g = guardrails
-    table = threshold_table(similarity_hist, labelled, candidate_grid(current, g), g.alpha)
+    table = candidate_table(similarity_hist, labelled, candidate_grid(current, g), g, shadow_labelled)
     now_row = table.loc[(table["threshold"] - current).abs().idxmin()]
     base = dict(arm=arm, cluster=cluster, current=current, current_hit_rate=now_row["est_hit_rate"],
                 candidates=table)
@@ -111,23 +170,29 @@ def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled:
     wait = not_yet(decisions, last_change_ms, now_ms, g)
     if wait is not None:
         return Recommendation(**base, recommended=None, action="hold", reason=wait)
-    table["feasible"] = (table["supported"] & (table["labelled"] >= g.min_labelled)
-                         & (table["false_hit_upper"] <= g.target_false_hit_rate))
+    table = _feasibility(table, g)
+    base["candidates"] = table
     feasible = table[table["feasible"]]
     if feasible.empty:
         return _no_feasible(base, table, now_row, g)
     best = feasible.sort_values(["est_hit_rate", "threshold"], ascending=[False, False]).iloc[0]
-    return _recommendation(base, best, current, "best hit rate with the false-hit bound under target")
+    why = "best hit rate with the false-hit bound under target"
+    if best["basis"] == "shadow":
+        why += (f" (rests on shadow verdicts: {int(best['shadow_hit_checks'])} hit and "
+                f"{int(best['shadow_near_miss_checks'])} near-miss checks)")
+    return _recommendation(base, best, current, why)
 
 
 def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Recommendation:
     recommended = float(row["threshold"])
     moved = abs(recommended - current) > 1e-9
+    basis = row.get("basis", "users") or ""
+    bound = row["shadow_false_hit_upper"] if basis == "shadow" else row["false_hit_upper"]
     return Recommendation(
         **base, recommended=recommended, action="change" if moved else "hold",
         reason=why if moved else "the current threshold is already the best within the guardrails",
-        recommended_hit_rate=row["est_hit_rate"], false_hit_upper=row["false_hit_upper"],
-        labelled=int(row["labelled"]))
+        recommended_hit_rate=row["est_hit_rate"], false_hit_upper=bound,
+        labelled=int(row["labelled"]), basis=basis, shadow_labelled=int(row.get("shadow_labelled", 0)))
 
 
 def _step_down(table: pd.DataFrame, column: str, current: float, known: str,
@@ -173,7 +238,8 @@ def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recomm
     as the refuting labels leave the lookback window."""
     if rec.cluster is not None or rec.recommended is None or abs(rec.recommended - rec.current) > 1e-9:
         return None
-    step, note = explore_step(rec.candidates, "threshold", rec.current, "supported", failed)
+    known = "known" if "known" in rec.candidates else "supported"  # shadow-covered candidates are not unknown
+    step, note = explore_step(rec.candidates, "threshold", rec.current, known, failed)
     if step is None:
         return replace(rec, reason=rec.reason + note) if note else None
     return replace(rec, recommended=float(step["threshold"]), action="explore",
@@ -202,10 +268,11 @@ def narrow(df: pd.DataFrame, arm: str, cluster: int | None) -> pd.DataFrame:
 
 def recommend_all(config: ExperimentConfig, similarity_hist: pd.DataFrame, labelled: pd.DataFrame,
                   guardrails: Guardrails, *, now_ms: int, last_change_ms: dict[str, int] | None = None,
-                  clusters: bool = False) -> list[Recommendation]:
+                  clusters: bool = False, shadow_labelled: pd.DataFrame | None = None) -> list[Recommendation]:
     """One recommendation per arm (and, with ``clusters``, per intent cluster seen in the data).
 
-    Arms with a running canary are skipped: the canary is evaluated first.
+    Arms with a running canary are skipped: the canary is evaluated first. ``shadow_labelled``
+    (queries.shadow_labelled) adds the shadow estimates for cosine arms.
     """
     last = last_change_ms or {}
     out = []
@@ -217,9 +284,11 @@ def recommend_all(config: ExperimentConfig, similarity_hist: pd.DataFrame, label
             seen = similarity_hist.loc[similarity_hist["arm"] == arm.name, "intent_cluster"]
             targets += sorted(int(c) for c in seen.unique() if c >= 0)
         for cluster in targets:
+            shadow = None if shadow_labelled is None or arm.similarity == "multi" else \
+                narrow(shadow_labelled, arm.name, cluster)
             out.append(recommend(arm.name, threshold_for(arm, cluster), narrow(similarity_hist, arm.name, cluster),
                                  narrow(labelled, arm.name, cluster), guardrails, now_ms=now_ms,
-                                 last_change_ms=last.get(arm.name), cluster=cluster))
+                                 last_change_ms=last.get(arm.name), cluster=cluster, shadow_labelled=shadow))
     return out
 
 

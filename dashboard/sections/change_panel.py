@@ -8,7 +8,8 @@ import streamlit as st
 from cache_core.decision.thresholds import threshold_for
 from cache_core.events import now_ms
 from dashboard import charts, data
-from dashboard.control import changes, processing, queries, tuning_multi, whatif
+from dashboard.control import changes, processing, queries, shadow_estimates, tuning, tuning_multi, whatif
+from dashboard.control.stats import DEFAULT_ALPHA
 from dashboard.control.canary import last_failed_try, rolled_back_canaries
 from dashboard.sections.actions import act_and_reload
 from dashboard.sections.common import View, optional
@@ -220,6 +221,7 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
                             + ("" if fh["supported"] else " — below the lowest labelled similarity: extrapolated"))
         else:
             cols[1].caption("No feedback-labelled hits at or above this threshold.")
+    shadow_whatif(view, scoped[scoped["arm"] == arm], arm, cluster, threshold)
     curve = whatif.drop_unreplayable(whatif.whatif_curve(scoped), scoped)
     st.altair_chart(charts.whatif_curve(curve, threshold), use_container_width=True)
     st.caption("First-order estimate from logged top-1 similarities: it holds the cache contents fixed.")
@@ -227,6 +229,24 @@ def whatif_preview(view: View, arm: str, threshold: float, cluster: int | None) 
     if rule is not None:
         multi_whatif_notes(view, rule, scoped[scoped["arm"] == arm], threshold)
         margin_whatif(view, rule, hist[hist["arm"] == arm], rules)
+
+
+def shadow_whatif(view: View, arm_hist, arm: str, cluster: int | None, threshold: float) -> None:
+    """The false-hit estimate at ``threshold`` from shadow verdicts (hit and near-miss checks), apart
+    from the users'; below the current threshold it rests on near-miss checks only shadows give."""
+    shadow = optional(view, "shadow_labelled", view.filters)
+    if shadow is None or shadow.empty:
+        return
+    mine = tuning.narrow(shadow, arm, cluster)
+    row = shadow_estimates.shadow_table(arm_hist, mine, [threshold], DEFAULT_ALPHA).iloc[0]
+    if not row["shadow_supported"]:
+        st.caption(f"Shadow checks: no estimate at {threshold:.3f} ({row['shadow_labelled']} verdicts reach it; "
+                   "near-miss checks do not reach this low, or a part has none).")
+        return
+    st.caption(f"Shadow checks' estimate at {threshold:.3f}: false-hit rate {row['shadow_false_hit_rate']:.1%}, "
+               f"95% upper bound {row['shadow_false_hit_upper']:.1%}, from {row['shadow_hit_checks']} checked hits "
+               f"and {row['shadow_near_miss_checks']} checked near-misses (misses judged as if served). It rests on "
+               "shadow verdicts only, never pooled with the users' above.")
 
 
 def multi_whatif_notes(view: View, rule: queries.MultiRule, arm_hist, threshold: float) -> None:

@@ -99,8 +99,10 @@ def autotune_section(view: View, config) -> None:
         return
     last = data.run(view.settings, "last_changes", view.experiment_id)
     last_ms = queries.last_change_ms(last)
+    shadow = optional(view, "shadow_labelled", view.filters)
+    shadow = None if shadow is None or shadow.empty else shadow
     recs = tuning.recommend_all(config, hist, labelled, guardrails, now_ms=now_ms(), last_change_ms=last_ms,
-                                clusters=per_cluster)
+                                clusters=per_cluster, shadow_labelled=shadow)
     as_canary = st.checkbox("Apply arm-level changes as a canary", value=True, key="tune_as_canary",
                             help="Also lets an arm held at its best supported threshold explore one step lower "
                                  "on a canary, where no labels exist yet.")
@@ -112,7 +114,8 @@ def autotune_section(view: View, config) -> None:
     table = pd.DataFrame([{"arm": r.arm, "cluster": "arm" if r.cluster is None else str(r.cluster), "current": r.current,
               "recommended": r.recommended, "action": r.action, "est. hit rate now": r.current_hit_rate,
               "est. hit rate then": r.recommended_hit_rate, "false-hit upper bound": r.false_hit_upper,
-              "labels": r.labelled, "why": r.reason} for r in recs])
+              "labels": r.labelled, "shadow verdicts": r.shadow_labelled, "rests on": r.basis or "—",
+              "why": r.reason} for r in recs])
     st.dataframe(table, hide_index=True, column_config={
         "est. hit rate now": st.column_config.NumberColumn(format="percent"),
         "est. hit rate then": st.column_config.NumberColumn(format="percent"),
@@ -130,6 +133,13 @@ def autotune_section(view: View, config) -> None:
                    "sequence, alpha split over the candidates). The hit rate is replayed with the cache contents "
                    "held fixed and labels are taken as a random sample of hits: try changes as a canary, whose "
                    "measured false-hit rate decides.")
+        if shadow is not None:
+            st.caption("With shadow checks, each candidate also has a shadow estimate, never pooled with the users' "
+                       "(each at half the alpha): served hits' checks and near-miss checks (misses just below the "
+                       "threshold, judged as if served), weighted by how many decisions each part holds. Near-miss "
+                       "verdicts reach below the current threshold, where users have no labels: \"rests on: shadow\" "
+                       "marks a recommendation only they support. A source that measures a candidate over the "
+                       "target vetoes it.")
     if rules:
         st.caption(f"Multi-similarity arms ({', '.join(r.arm for r in rules)}): estimates re-apply each arm's "
                    "current score floor and answer margin to the logged mixed scores. Those exist only for "

@@ -314,6 +314,12 @@ def test_user_and_shadow_verdicts_stay_apart(seeded):
     labels = client.query("SELECT verdict FROM feedback_raw FINAL WHERE request_id = {r:String}",
                           parameters={"r": f"{experiment_id}-h1"}).result_rows
     assert labels == [("correct",)]                                       # the user's, not replaced
+    fine = queries.shadow_labelled(client, mine)                          # the what-if's bins: 0.001
+    at = fine.set_index(["decision", "similarity_milli"])[["correct", "wrong"]]
+    assert at.loc[("miss", 853)].tolist() == [0, 1] and at.loc[("miss", 857)].tolist() == [1, 0]
+    assert at.loc[("hit", 930)].tolist() == [0, 1] and len(fine) == 5
+    canary = queries.canary_shadow_stats(client, experiment_id, "a", ts_ms - 1)
+    assert canary[["correct", "wrong"]].sum().tolist() == [1, 1]            # hits only, not the near-misses
 
 
 def test_judge_versions_from_decisions_and_both_kinds_of_verdicts(seeded):
