@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cache_core.decision.judge import JUDGE_VETO
 from cache_core.events import FeedbackEvent
 from cache_core.settings import ShadowSettings
 from cache_core.shadow.equivalence import Equivalence
@@ -127,10 +128,18 @@ class ShadowChecker:
                                   request=request))
 
     def is_near_miss(self, result: LookupResult) -> bool:
+        """A miss just below the threshold (within the band), or a judged arm's miss the judge vetoed
+        (its candidate passed the threshold, the judge's cut refused it: the verdict measures the
+        false-hit rate below the judge's operating point, as the band does below a threshold). The
+        verdict is on the nearest candidate's answer; with several judged candidates the judge's
+        best may be another one (then the verdict is an approximation)."""
         band = self.settings.near_miss_band
-        return (band > 0 and not result.hit and result.nearest_answer is not None
-                and result.similarity is not None and result.threshold is not None
-                and result.threshold - band <= result.similarity < result.threshold)
+        if band <= 0 or result.hit or result.nearest_answer is None or result.similarity is None \
+                or result.threshold is None:
+            return False
+        if result.guard == JUDGE_VETO and result.judge_probability is not None:
+            return True
+        return result.threshold - band <= result.similarity < result.threshold
 
     def after_miss(self, result: LookupResult, fresh_answer: str | None) -> str:
         """Compare a miss's upstream answer with its nearest candidate's, if it was a near-miss."""

@@ -14,7 +14,11 @@ One run, for every experiment (or the ones named):
    step 1 like any canary. This comes before the thresholds: the floor / margin search
    reaches the band of false hits itself, where an over-target threshold can only rise by
    the max step;
-3. each arm (and, with ``--clusters``, each intent cluster) without a canary:
+3. each judged arm without a canary: ``tuning_judge.recommend_cuts`` tunes the judge's operating
+   point (its probability cut) from verdicts by judge probability, with the same bound; a lower cut
+   goes out as a canary on ``--canary-share`` of the arm's units, a higher one directly. Its cosine
+   threshold (then a floor) is left alone;
+4. each arm without a judge (and, with ``--clusters``, each intent cluster) without a canary:
    ``tuning.recommend`` over the same window; an arm-level change goes out as a
    canary on ``--canary-share`` of the arm's units (0: a raise is pushed directly, a lower
    threshold refused), a cluster's raise directly, a cluster's lower threshold is refused
@@ -53,7 +57,7 @@ import pandas as pd
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, settings_or_exit
-from dashboard.control import changes, publishing, queries, rollout, tuning, tuning_multi
+from dashboard.control import changes, publishing, queries, rollout, tuning, tuning_judge, tuning_multi
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
@@ -71,7 +75,7 @@ class TuneAction:
     experiment_id: str
     arm: str
     cluster: int | None
-    kind: Literal["canary", "recommendation", "multi"]
+    kind: Literal["canary", "recommendation", "multi", "judge"]
     action: str
     """promote / rollback / continue for canaries; change / hold / explore for recommendations."""
     reason: str
@@ -83,6 +87,8 @@ class TuneAction:
     """multi: the recommended score floor (None: hold)."""
     answer_margin: float | None = None
     """multi: the recommended answer margin (None: hold)."""
+    accept_at: float | None = None
+    """judge: the recommended probability cut (None: hold)."""
 
 
 def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
@@ -158,6 +164,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
                              client=client, apply=apply, actor=actor, canary_share=canary_share,
                              explore_share=explore_share,
                              configs=configs, failed=failed, clock=clock)
+    if any(arm.judge is not None for arm in config.arms):
+        config = _tune_judges(settings, config, guardrails, filters, touched, now, last_ms, actions, client=client,
+                              apply=apply, actor=actor, canary_share=canary_share, clock=clock)
     for rec in recommendations:
         if explore_share > 0 and rec.arm not in touched:
             rec = tuning.exploration(rec, last_failed_try(failed, rec.arm, "threshold", now, guardrails)) or rec
@@ -252,6 +261,40 @@ def _tune_multi(settings: Settings, config: ExperimentConfig, guardrails: Guardr
         actions.append(TuneAction(config.experiment_id, rec.arm, None, "multi", rec.action, rec.reason, applied,
                                   config.version if applied else None, None, rec.recommended_floor,
                                   rec.recommended_margin))
+    return config
+
+
+def _tune_judges(settings: Settings, config: ExperimentConfig, guardrails: Guardrails, filters,
+                 touched: set[str], now: int, last_ms: dict[str, int], actions: list[TuneAction], *, client,
+                 apply: bool, actor: str, canary_share: float, clock: Callable[[], int]) -> ExperimentConfig:
+    """Judged arms' operating points (``tuning_judge``): a lower cut goes out as a canary on
+    ``canary_share`` of the arm's units (0: refused), a higher one directly; appends to ``actions``
+    and returns the config after its pushes."""
+    def cut_of(judge):
+        return tuning_judge.current_cut(judge, settings.cache.judge_dir)
+
+    recommendations = tuning_judge.recommend_cuts(config, queries.judge_probabilities(client, filters), guardrails,
+                                                  now_ms=now, cut_of=cut_of, last_change_ms=last_ms)
+    for rec in recommendations:
+        if rec.arm in touched and rec.action == "change":
+            rec = replace(rec, recommended=None, action="hold", reason="cool-down: this arm changed earlier in this run")
+        if rec.loosens and rec.action == "change" and canary_share <= 0:  # every loosening through a canary
+            rec = replace(rec, recommended=None, action="hold",
+                          reason=f"a lower cut goes out only as a canary, and the canary share is 0 ({rec.reason})")
+        applied = apply and rec.action == "change"
+        if applied:
+            labels = f"{rec.shadow_labelled} shadow verdicts" if rec.basis == "shadow" else f"{rec.labelled} labels"
+            reason = (f"auto-tune: judge {rec.version} cut {rec.current:.3f} -> {rec.recommended:.3f}: {rec.reason} "
+                      f"(bound {rec.false_hit_upper:.2%} at {labels})")
+            if rec.loosens:
+                change = changes.start_judge_canary(rec.arm, rec.recommended, canary_share,
+                                                    guardrails.target_false_hit_rate, at_ms=clock())
+            else:
+                change = changes.set_judge_cut(rec.arm, rec.recommended)
+            config = _push(settings, config, change, actor, reason, client, clock)
+            touched.add(rec.arm)
+        actions.append(TuneAction(config.experiment_id, rec.arm, None, "judge", rec.action, rec.reason, applied,
+                                  config.version if applied else None, accept_at=rec.recommended))
     return config
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from cache_core.decision.thresholds import multi_for
-from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig, MultiSimilarityConfig
+from cache_core.experiments import ArmConfig, CanaryConfig, ExperimentConfig, JudgeConfig, MultiSimilarityConfig
 
 
 Change = Callable[[ExperimentConfig], ExperimentConfig]
@@ -97,11 +97,49 @@ def start_multi_canary(arm: str, share: float, target_false_hit_rate: float, at_
 
 
 def promote_canary(arm: str) -> Change:
-    """The canary's threshold (and score floor / answer margin) become the arm's; the canary ends."""
+    """The canary's threshold (and score floor / answer margin, judge) become the arm's; the canary ends."""
     def change(config: ExperimentConfig) -> ExperimentConfig:
         canary = _running_canary(config, arm)
         multi = {"multi": multi_for(config.arm(arm), "canary").model_dump()} if canary.multi_override else {}
-        return _replace_arm(config, arm, threshold=canary.threshold, canary=None, **multi)
+        judge = {"judge": canary.judge.model_dump()} if canary.judge is not None else {}
+        return _replace_arm(config, arm, threshold=canary.threshold, canary=None, **multi, **judge)
+    return change
+
+
+def _judged(config: ExperimentConfig, arm: str) -> JudgeConfig:
+    judge = config.arm(arm).judge
+    if judge is None:
+        raise ValueError(f"arm {arm!r} has no judge: its operating point cannot be set")
+    return judge
+
+
+def _cut(accept_at: object) -> float:
+    if isinstance(accept_at, bool) or not isinstance(accept_at, (int, float)) or not 0.0 <= accept_at <= 1.0:
+        raise ValueError(f"a judge's accept_at must be a number in [0, 1], got {accept_at!r}")
+    return float(accept_at)
+
+
+def set_judge_cut(arm: str, accept_at: float) -> Change:
+    """A judged arm's operating point becomes the explicit probability cut ``accept_at``."""
+    cut = _cut(accept_at)
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        judge = _judged(config, arm).model_copy(update={"accept_at": cut})
+        return _replace_arm(config, arm, judge=judge.model_dump())
+    return change
+
+
+def start_judge_canary(arm: str, accept_at: float, share: float, target_false_hit_rate: float,
+                       at_ms: int) -> Change:
+    """Try the judge's cut ``accept_at`` (same version, same cosine floor) on a ``share`` of the arm's
+    units first (replaces a running canary); ``promote_canary`` makes it the arm's."""
+    cut, share, target = _cut(accept_at), _share(share), _target(target_false_hit_rate)
+
+    def change(config: ExperimentConfig) -> ExperimentConfig:
+        judge = _judged(config, arm).model_copy(update={"accept_at": cut})
+        canary = CanaryConfig(threshold=config.arm(arm).threshold, share=share, target_false_hit_rate=target,
+                              started_at_ms=at_ms, judge=judge)
+        return _replace_arm(config, arm, canary=canary.model_dump())
     return change
 
 

@@ -161,6 +161,12 @@ def canary_shadow_stats(client, experiment_id: str, arm: str, since_ms: int) -> 
                   {"experiment_id": experiment_id, "arm": arm, "since_ms": int(since_ms)})
 
 
+def judge_probabilities(client, filters: Filters) -> pd.DataFrame:
+    """Judged decisions (hits and judge vetoes) per arm x judge version x probability bin (0.001):
+    decisions, hits, users' verdicts on the hits, shadow checks' on the hits and on the vetoes."""
+    return _frame(client, sql_verdicts.JUDGE_PROBABILITY_SQL, filters.parameters())
+
+
 def judge_versions(client, filters: Filters) -> pd.DataFrame:
     """Per arm x judge version ('' = no judge): requests, hits, judged, judge_ms_mean / _p95 (the judge
     stage's added latency), and users' and shadow checks' verdicts on the hits, apart

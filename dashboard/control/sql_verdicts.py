@@ -63,6 +63,37 @@ ORDER BY variant
 """
 
 
+# Judged decisions per arm x judge version x judge probability bin (0.001) for auto-tuning a judged
+# arm's operating point (dashboard.control.tuning_judge): a decision with probability p is served at
+# any cut <= p (the cosine floor and the candidates as logged). Hits and judge vetoes only (another
+# guard's veto is not the judge's). Users' verdicts on the hits; shadow checks' on the hits and on
+# the vetoes (near-miss checks of the answer the judge refused), apart.
+JUDGE_PROBABILITY_SQL = f"""
+SELECT e.arm AS arm,
+       e.judge_version AS judge_version,
+       toInt64(floor(e.judge_probability * 1000 + 1e-9)) AS probability_milli,
+       count() AS decisions,
+       countIf(e.hit) AS hits,
+       countIf(e.hit AND u.verdict = 'correct') AS user_correct,
+       countIf(e.hit AND u.verdict = 'wrong') AS user_wrong,
+       countIf(e.hit AND s.verdict = 'correct') AS shadow_hit_correct,
+       countIf(e.hit AND s.verdict = 'wrong') AS shadow_hit_wrong,
+       countIf(NOT e.hit AND s.verdict = 'correct') AS shadow_miss_correct,
+       countIf(NOT e.hit AND s.verdict = 'wrong') AS shadow_miss_wrong
+FROM (
+    SELECT request_id, arm, assumeNotNull(judge_version) AS judge_version, assumeNotNull(judge_probability)
+           AS judge_probability, hit FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND ifNull(judge_version, '') != '' AND judge_probability IS NOT NULL
+      AND (hit OR guard = 'judge')
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS u USING (request_id)
+LEFT JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS s USING (request_id)
+GROUP BY arm, judge_version, probability_milli
+ORDER BY arm, judge_version, probability_milli
+"""
+
+
 # Per arm x judge version ('' = no judge) from the decisions: requests, hits, the judge stage's
 # latency (judge_ms, NULL where no judge ran: avg / quantile skip NULLs), and the hits' verdicts from
 # users and from shadow checks, apart.
@@ -90,6 +121,9 @@ ORDER BY arm, judge_version
 
 
 COLUMNS: dict[str, list[str]] = {
+    JUDGE_PROBABILITY_SQL: ["arm", "judge_version", "probability_milli", "decisions", "hits", "user_correct",
+                            "user_wrong", "shadow_hit_correct", "shadow_hit_wrong", "shadow_miss_correct",
+                            "shadow_miss_wrong"],
     SHADOW_LABELLED_SQL: ["arm", "intent_cluster", "decision", "similarity_milli", "correct", "wrong"],
     CANARY_SHADOW_SQL: ["variant", "correct", "wrong"],
     SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],

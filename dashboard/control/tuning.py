@@ -127,7 +127,7 @@ def _shadow_says(row: pd.Series, g: Guardrails, over: bool = False) -> bool | No
     return bool(row["shadow_false_hit_upper"] <= g.target_false_hit_rate)
 
 
-def _feasibility(table: pd.DataFrame, g: Guardrails) -> pd.DataFrame:
+def feasibility(table: pd.DataFrame, g: Guardrails) -> pd.DataFrame:
     """``feasible`` and ``basis`` per candidate row (see the module docstring)."""
     table = table.copy()
     users_enough = table["supported"] & (table["labelled"] >= g.min_labelled)
@@ -170,7 +170,7 @@ def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled:
     wait = not_yet(decisions, last_change_ms, now_ms, g)
     if wait is not None:
         return Recommendation(**base, recommended=None, action="hold", reason=wait)
-    table = _feasibility(table, g)
+    table = feasibility(table, g)
     base["candidates"] = table
     feasible = table[table["feasible"]]
     if feasible.empty:
@@ -271,13 +271,14 @@ def recommend_all(config: ExperimentConfig, similarity_hist: pd.DataFrame, label
                   clusters: bool = False, shadow_labelled: pd.DataFrame | None = None) -> list[Recommendation]:
     """One recommendation per arm (and, with ``clusters``, per intent cluster seen in the data).
 
-    Arms with a running canary are skipped: the canary is evaluated first. ``shadow_labelled``
+    Arms with a running canary are skipped: the canary is evaluated first; so are judged arms (their
+    threshold is a floor under the judge: ``tuning_judge`` tunes their cut). ``shadow_labelled``
     (queries.shadow_labelled) adds the shadow estimates for cosine arms.
     """
     last = last_change_ms or {}
     out = []
     for arm in config.arms:
-        if arm.canary is not None:
+        if arm.canary is not None or arm.judge is not None:  # a judged arm's cut is tuned by tuning_judge
             continue
         targets: list[int | None] = [None]
         if clusters and not similarity_hist.empty:

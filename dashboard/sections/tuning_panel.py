@@ -10,7 +10,7 @@ import streamlit as st
 from cache_core.decision.thresholds import multi_for
 from cache_core.events import now_ms
 from dashboard import charts, data
-from dashboard.control import autotune, changes, queries, tuning
+from dashboard.control import autotune, changes, queries, tuning, tuning_judge
 from dashboard.control.canary import configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.stats import ProportionStat
@@ -140,6 +140,7 @@ def autotune_section(view: View, config) -> None:
                        "verdicts reach below the current threshold, where users have no labels: \"rests on: shadow\" "
                        "marks a recommendation only they support. A source that measures a candidate over the "
                        "target vetoes it.")
+    judge_cuts(view, config, guardrails)
     if rules:
         st.caption(f"Multi-similarity arms ({', '.join(r.arm for r in rules)}): estimates re-apply each arm's "
                    "current score floor and answer margin to the logged mixed scores. Those exist only for "
@@ -176,6 +177,33 @@ class CanaryShares:
     """Share of an arm's units a recommended change is tried on first (0: pushed directly)."""
     explore: float
     """Share an exploration runs on (0: no explorations)."""
+
+
+def judge_cuts(view: View, config, guardrails: Guardrails) -> None:
+    """Judged arms: the recommended probability cut (``tuning_judge``), what auto-tune would push."""
+    if not any(arm.judge is not None for arm in config.arms):
+        return
+    probabilities = optional(view, "judge_probabilities", view.filters)
+    if probabilities is None:
+        return
+    recs = tuning_judge.recommend_cuts(
+        config, probabilities, guardrails, now_ms=now_ms(),
+        cut_of=lambda judge: tuning_judge.current_cut(judge, view.settings.cache.judge_dir),
+        last_change_ms=queries.last_change_ms(data.run(view.settings, "last_changes", view.experiment_id)))
+    st.markdown("**Judged arms: the judge's operating point**")
+    st.dataframe(pd.DataFrame([{"arm": r.arm, "judge": r.version, "current cut": r.current,
+                                "recommended": r.recommended, "action": r.action,
+                                "share served now": r.current_hit_rate, "then": r.recommended_hit_rate,
+                                "false-hit upper bound": r.false_hit_upper, "labels": r.labelled,
+                                "shadow verdicts": r.shadow_labelled, "rests on": r.basis or "—", "why": r.reason}
+                               for r in recs]), hide_index=True, column_config={
+        "share served now": st.column_config.NumberColumn(format="percent"),
+        "then": st.column_config.NumberColumn(format="percent"),
+        "false-hit upper bound": st.column_config.NumberColumn(format="percent")})
+    st.caption("A judged decision logs the judge's probability, so another cut replays exactly (same floor and "
+               "candidates). Users label only hits, so a lower cut rests on shadow checks of the judge's vetoes; "
+               "the same bound as for thresholds. Auto-tune tries a lower cut on a canary and pushes a higher one "
+               "directly. Shares are of the decisions that reached the judge.")
 
 
 def canary_shares(as_canary: bool) -> CanaryShares:

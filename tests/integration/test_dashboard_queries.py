@@ -346,3 +346,16 @@ def test_judge_versions_from_decisions_and_both_kinds_of_verdicts(seeded):
     assert [v2["requests"], v2["hits"], v2["judged"]] == [3, 2, 3] and v2["judge_ms_mean"] == pytest.approx(6.0)
     assert [v2["user_correct"], v2["user_wrong"], v2["shadow_correct"], v2["shadow_wrong"]] == [1, 1, 1, 1]
     assert by.loc[("j", "v3"), "shadow_correct"] == 1
+    # By judge probability (tuning_judge): hits and judge vetoes only; a veto's shadow verdict apart.
+    client.insert("events_raw", [["decision", f"{experiment_id}-veto", ts_ms + 50, "default", experiment_id, "j",
+                                  "miss", False, 0.9, 0.95, "v2", 0.4, 5.0, "judge"]], column_names=names + ["guard"])
+    client.insert("shadow_feedback_raw", [[1, f"{experiment_id}-veto", "wrong", ts_ms + 1000, "shadow"]],
+                  column_names=columns)
+    probs = queries.judge_probabilities(client, queries.Filters(experiment_id, filters.start, filters.end))
+    at = probs.set_index(["arm", "judge_version", "probability_milli"])
+    hits = at.loc[("j", "v2", 700)]
+    assert [hits["decisions"], hits["hits"], hits["user_correct"], hits["user_wrong"], hits["shadow_hit_correct"],
+            hits["shadow_hit_wrong"], hits["shadow_miss_wrong"]] == [2, 2, 1, 1, 1, 1, 0]  # the unjudged miss: out
+    veto = at.loc[("j", "v2", 400)]
+    assert [veto["decisions"], veto["hits"], veto["shadow_miss_wrong"], veto["user_wrong"]] == [1, 0, 1, 0]
+    assert ("a", "") not in {(a, v) for a, v, _ in at.index}                 # no judge: not there

@@ -197,3 +197,22 @@ def test_a_lookup_near_miss_asks_upstream_for_its_share_within_the_budget():
     assert {e.request_id: e.verdict for e in published.events} == {"m1": "correct", "m3": "wrong"}
     assert asked == [("how do I pay", None), ("what is the fee", None)]
     assert shadow.stats()["near_miss_correct"] == 1 and shadow.stats()["near_miss_wrong"] == 1
+
+
+def test_a_judge_veto_is_a_near_miss_whatever_its_similarity():
+    """A judged arm's candidate above the floor that the judge refused: its verdict measures the
+    false-hit rate below the judge's cut (tuning_judge), as the band does below a threshold."""
+    published = Recorder()
+    shadow = checker(lambda q, r: pytest.fail("a chat near-miss must not call upstream"), published,
+                     near_miss_band=0.1, calls_per_minute=0)
+    try:
+        veto = result("v1", hit=False, similarity=0.97, threshold=0.6, nearest="Use the app.")
+        veto.guard, veto.judge_probability = "judge", 0.41
+        other = result("v2", hit=False, similarity=0.97, threshold=0.6, nearest="Use the app.")
+        other.guard = "numbers"                      # a lexical guard's veto above the band: not a near-miss
+        assert shadow.is_near_miss(veto) and not shadow.is_near_miss(other)
+        assert shadow.after_miss(veto, "It is free.") == "queued"
+        wait_until(lambda: len(published.events) == 1, 5, "verdict")
+    finally:
+        shadow.close()
+    assert published.events[0].request_id == "v1" and published.events[0].verdict == "wrong"
