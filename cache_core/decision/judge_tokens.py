@@ -2,7 +2,9 @@
 
 The judge aligns word pieces of the two questions (``judge_features``), so it needs the
 encoder's per-token output rather than the pooled sentence vector the cache indexes. The
-same packaged weights serve both; nothing is downloaded. Loaded once per process, on the
+same packaged weights serve both; nothing is downloaded. The token pass runs on the fp32
+ONNX export (its second output), which setup makes beside the int8 one, and on torch only
+where there is no export. Loaded once per process, on the
 first lookup of an arm that has a judge.
 
 A lookup's candidates are cached questions, and popular entries come back as candidates
@@ -13,14 +15,18 @@ candidates) instead of re-encoding every candidate.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from cache_core.decision.judge_features import TokenVectors
 from cache_core.decision.judge_model import TokenEncoder
+
+log = logging.getLogger(__name__)
 
 
 CACHED_TEXTS = 8192
@@ -57,12 +63,40 @@ class TokenVectorCache:
 
 
 @functools.lru_cache(maxsize=4)
-def token_encoder(model: str) -> TokenEncoder:
-    """A thread-safe, caching ``TokenEncoder`` over ``model`` (sentence-transformers, CPU, offline)."""
-    return TokenVectorCache(uncached_token_encoder(model))
+def token_encoder(model: str, models_dir: Path | None = None) -> TokenEncoder:
+    """A thread-safe, caching ``TokenEncoder`` over ``model``."""
+    return TokenVectorCache(uncached_token_encoder(model, models_dir))
 
 
-def uncached_token_encoder(model: str) -> TokenEncoder:
+def uncached_token_encoder(model: str, models_dir: Path | None = None) -> TokenEncoder:
+    """The fp32 ONNX export's token output when there is one (or it can be made): torch-free,
+    so a runtime install without the export extra can judge, and equal to the torch vectors
+    the shared artifacts were trained on to ~1e-5. Else sentence-transformers on torch."""
+    from cache_core.embedding.embedder import EmbedderError
+    from cache_core.embedding.onnx import OnnxEmbedder
+
+    try:
+        onnx = OnnxEmbedder.load(model, quantized=False, models_dir=models_dir)
+        onnx.token_vectors(["probe"])
+    except EmbedderError as exc:
+        log.info("judge token pass on torch", extra={"model": model, "why": str(exc)})
+        return torch_token_encoder(model)
+    lock = threading.Lock()
+
+    def encode(texts: Sequence[str]) -> list[TokenVectors]:
+        with lock:  # one run at a time: ONNX Runtime already spreads one over the cores
+            rows = onnx.token_vectors(list(texts))
+        return [TokenVectors(_unit_rows(vectors), pieces) for vectors, pieces in rows]
+
+    return encode
+
+
+def _unit_rows(e: np.ndarray) -> np.ndarray:
+    e = np.asarray(e, dtype=np.float32)
+    return e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-9)
+
+
+def torch_token_encoder(model: str) -> TokenEncoder:
     from cache_core.embedding.embedder import load_unnormalised
 
     st_model = load_unnormalised(model)
@@ -79,9 +113,7 @@ def uncached_token_encoder(model: str) -> TokenEncoder:
         for text, emb in zip(texts, outputs):
             pieces = tokenizer.convert_ids_to_tokens(
                 tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
-            e = emb.float().numpy()[:len(pieces)]
-            e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-9)
-            vectors.append(TokenVectors(e, pieces))
+            vectors.append(TokenVectors(_unit_rows(emb.float().numpy()[:len(pieces)]), pieces))
         return vectors
 
     return encode

@@ -369,7 +369,7 @@ def _encoders(settings):
     from cache_core.embedding.load import load_embedder
 
     embedder = load_embedder(settings)
-    return embedder.encode, token_encoder(settings.model)
+    return embedder.encode, token_encoder(settings.model, settings.models_dir)
 
 
 if __name__ == "__main__":

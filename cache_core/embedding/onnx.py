@@ -29,10 +29,12 @@ from cache_core.embedding.embedder import EmbedderError, load_unnormalised, norm
 log = logging.getLogger(__name__)
 
 
-ONNX_RECIPE = 2
+ONNX_RECIPE = 3
 """Bump when the export recipe changes: every cached export is then redone."""
 ONNX_OPSET = 17
 ONNX_FILE = "model.onnx"
+TOKEN_OUTPUT = "token_embeddings"
+"""The graph's second output: per-token vectors before pooling (for the judge)."""
 META_FILE = "export.json"
 EXPORT_EXTRA = ("torch", "sentence_transformers", "onnx")
 """What making an export imports (the ``export`` extra); running one imports none of it."""
@@ -193,7 +195,8 @@ def installed_export(target: Path, model: str) -> Path:
 
 
 class _Traceable:
-    """Builds the torch module that ``torch.onnx.export`` traces: tokens -> raw pooled vector."""
+    """Builds the torch module that ``torch.onnx.export`` traces: tokens -> raw pooled vector, and
+    (second output) the contextual token vectors the judge aligns (``judge_tokens``)."""
 
     @staticmethod
     def wrap(st_model, input_names: list[str]):
@@ -208,7 +211,7 @@ class _Traceable:
                 features = dict(zip(input_names, tensors))
                 for module in self.inner:
                     features = module(features)
-                return features["sentence_embedding"]
+                return features["sentence_embedding"], features["token_embeddings"]
 
         return Pooled().eval()
 
@@ -220,10 +223,11 @@ def _export_fp32(model: str, staging: Path) -> dict:
     features = st_model.preprocess(EXPORT_PROBES[:2])
     input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in features]
     args = tuple(features[n] for n in input_names)
-    axes = {n: {0: "batch", 1: "tokens"} for n in input_names} | {"embedding": {0: "batch"}}
+    axes = {n: {0: "batch", 1: "tokens"} for n in input_names} | {"embedding": {0: "batch"},
+                                                                   TOKEN_OUTPUT: {0: "batch", 1: "tokens"}}
     with torch.no_grad():
         torch.onnx.export(_Traceable.wrap(st_model, input_names), args, str(staging / ONNX_FILE),
-                          input_names=input_names, output_names=["embedding"],
+                          input_names=input_names, output_names=["embedding", TOKEN_OUTPUT],
                           dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False)
     st_model.tokenizer.save_pretrained(str(staging))
     (staging / "tokenizer_settings.json").write_text(json.dumps(
@@ -302,8 +306,8 @@ class OnnxEmbedder:
                                        providers=["CPUExecutionProvider"])
         return cls(session, tokenizer, settings["inputs"], name or export_dir.name, export_dir)
 
-    def _feeds(self, texts: list[str]) -> dict[str, np.ndarray]:
-        encoded = self._tokenizer.encode_batch(texts)
+    def _feeds(self, texts: list[str], encoded=None) -> dict[str, np.ndarray]:
+        encoded = encoded if encoded is not None else self._tokenizer.encode_batch(texts)
         width = max(len(e.ids) for e in encoded)
         ids = np.zeros((len(texts), width), dtype=np.int64)
         mask = np.zeros_like(ids)
@@ -314,6 +318,16 @@ class OnnxEmbedder:
         named = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {name: named[name] for name in self._input_names}
 
+    def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, list[str]]]:
+        """Per text: its contextual token vectors (raw) and its word pieces, [CLS] and [SEP]
+        included, from the graph's second output (exports of recipe 3 on)."""
+        if TOKEN_OUTPUT not in {o.name for o in self._session.get_outputs()}:
+            raise EmbedderError(f"{self.export_dir} has no {TOKEN_OUTPUT} output (an older export: remake it "
+                                "with python -m cache_core.embedding.export)")
+        encoded = self._tokenizer.encode_batch(list(texts))
+        out = self._session.run([TOKEN_OUTPUT], self._feeds(list(texts), encoded))[0]
+        return [(out[row, :len(enc.ids)], list(enc.tokens)) for row, enc in enumerate(encoded)]
+
     def encode_with_norms(self, texts: list[str], batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
         texts = list(texts)
         if not texts:
@@ -323,7 +337,7 @@ class OnnxEmbedder:
         raw = np.empty((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
             chunk = order[start:start + batch_size]
-            out = self._session.run(None, self._feeds([texts[i] for i in chunk]))[0]
+            out = self._session.run(["embedding"], self._feeds([texts[i] for i in chunk]))[0]
             raw[chunk] = out
         return normalise(raw)
 

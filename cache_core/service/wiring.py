@@ -251,7 +251,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
         emit_query_text=settings.cache.emit_query_text, event_executor=event_executor,
         ann_checker=ann_checker, feedback_memory=settings.cache.feedback_memory,
         hit_rule=HitRule(judges=shelf_judges(JudgeShelf(
-            settings.cache.judge_dir, tokens=lambda: token_encoder(settings.cache.model)))),
+            settings.cache.judge_dir,
+            tokens=lambda: token_encoder(settings.cache.model, settings.cache.models_dir)))),
         embedding_cache=EmbeddingCache(settings.cache.embedding_cache_entries)
         if settings.cache.embedding_cache_entries else None,
         backends=store_backends(settings.cache), tracing=tracing,
