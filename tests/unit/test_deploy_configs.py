@@ -194,7 +194,7 @@ def dockerfile_stages(path: Path) -> dict[str, tuple[str, list[str]]]:
 def test_the_image_exports_in_a_builder_stage_and_runs_without_torch():
     """The multi-stage Dockerfile, read statically (no container engine here): the export extra and
     the ONNX export live in the builder only; the runtime stage installs the package with no extra,
-    refuses torch, copies the int8 export to the models directory its settings name, outside any
+    refuses torch, copies the int8 export (and the fp32 one the judge reads) to the models directory its settings name, outside any
     state volume; the default (last) stage is that runtime."""
     from cache_core.embedding.onnx import onnx_export_dir
     from cache_core.settings import CacheSettings
@@ -215,9 +215,10 @@ def test_the_image_exports_in_a_builder_stage_and_runs_without_torch():
     env = dict(re.findall(r"(SCACHE_\w+)=(\S+)", " ".join(line for line in runtime if line.startswith("ENV"))))
     assert set(env) - {"SCACHE_HOME"} <= SETTINGS and env["SCACHE_CACHE__ENCODER_BACKEND"] == "onnx-int8"
     models_dir = env["SCACHE_CACHE__MODELS_DIR"]
-    export = onnx_export_dir(CacheSettings().model, quantized=True, models_dir=Path(models_dir))
-    (copy,) = [line for line in runtime if line.startswith("COPY --from=")]
-    assert copy == f"COPY --from=builder /models/{export.name} {export}"
+    exports = [onnx_export_dir(CacheSettings().model, quantized=q, models_dir=Path(models_dir)) for q in (True, False)]
+    copies = [line for line in runtime if line.startswith("COPY --from=")]
+    # int8 for the encoder, fp32 for the judge's token pass (cache_core/decision/judge_tokens.py)
+    assert copies == [f"COPY --from=builder /models/{e.name} {e}" for e in exports]
     assert any("load_embedder(CacheSettings())" in line for line in runtime if line.startswith("RUN"))
 
     # The export is not under a state volume, where an empty mounted volume would hide it.
