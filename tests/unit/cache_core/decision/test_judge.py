@@ -267,3 +267,21 @@ def test_train_from_an_unreachable_warehouse_is_one_line_and_exit_2(monkeypatch,
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("judge_train: cannot read verdicts from http://127.0.0.1:9") and "\n" not in err
+
+
+def test_operating_points_keep_their_target_on_fresh_pairs_more_often_than_the_point_estimate():
+    from cache_core.decision.judge_train import CUT_CONFIDENCE, operating_points
+
+    def draw(rng, n):  # duplicates score higher on average; the tail still holds some non-duplicates
+        y = (rng.random(n) < 0.5).astype(int)
+        return 1 / (1 + np.exp(-rng.normal(np.where(y == 1, 1.5, 0.0), 1.0))), y
+
+    fresh_s, fresh_y = draw(np.random.default_rng(99), 200_000)
+    over = {0.5: 0, CUT_CONFIDENCE: 0}
+    for seed in range(40):
+        s, y = draw(np.random.default_rng(seed), 1000)
+        for confidence in over:
+            cut = operating_points(s, y, confidence)["0.05"]["accept_at"]
+            served = fresh_s >= cut
+            over[confidence] += served.any() and (fresh_y[served] == 0).mean() > 0.05
+    assert over[CUT_CONFIDENCE] <= 17 and over[0.5] >= 24, over  # of 40 held-out draws
