@@ -57,7 +57,8 @@ def admit(partition: Partition, entry: CacheEntry, result: StoreResult, now: flo
     if similarity is not None and similarity >= NEAR_DUPLICATE_SIM:
         entry.grace_s, entry.protected = EVICTION_GRACE_S, True
         return _insert(partition, entry, result, "near_duplicate", similarity, now)
-    if similarity is not None and similarity < NOVEL_SIM:
+    if similarity is not None and similarity < NOVEL_SIM and partition.disk is None:
+        # with a disk tier the memory's LRU entry is demoted, not lost: no pressure to refuse under
         if not partition.has_room(entry.approx_bytes):
             partition.drop_expired_lru(now)
         if not partition.has_room(entry.approx_bytes):

@@ -177,14 +177,14 @@ class SemanticCache:
                 with tracing.span("scache.decide"):
                     decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
                                                     experiment_id=req.experiment.experiment_id)
-                ttl_fields = self._touch(partition, decision, outcome, arm, now)
+                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
             with tracing.span("scache.decide"), tracing.span("scache.judge") as span:
                 decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
                                                 experiment_id=req.experiment.experiment_id)
                 annotate(span, judge_version=decision.judge_version, judge_probability=decision.judge_probability)
             with partition.lock:
-                ttl_fields = self._touch(partition, decision, outcome, arm, now)
+                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now)
         shown = decision.served or outcome.best
         snapshot = entry_snapshot(shown, now)
         record = LookupRecord(
@@ -195,7 +195,7 @@ class SemanticCache:
             ts_ms=int(now * 1000), latency_ms=(time.perf_counter() - req.started) * 1000,
             similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
             judge_version=decision.judge_version, judge_probability=decision.judge_probability,
-            judge_ms=decision.judge_ms, ttl_fields=ttl_fields)
+            judge_ms=decision.judge_ms, ttl_fields=ttl_fields, tier=tier)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -209,17 +209,19 @@ class SemanticCache:
                                                            req.arm_name, served.entry_id, unit_id))
         return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
-    def _touch(self, partition: Partition, decision, outcome, arm, now: float) -> dict:
+    def _touch(self, partition: Partition, decision, outcome, arm, now: float) -> tuple[dict, str | None]:
         """Under the store's lock, after the decision: the adaptive TTL learns from the lookup and
-        renews the served entry's lifetime, then the served entry (if still there) is touched.
-        Returns the adaptive TTL's event fields (none on other arms)."""
+        renews the served entry's lifetime, then the served entry (if still there) is touched
+        (promoted, if it was on disk). Returns the adaptive TTL's event fields (none on other arms)
+        and the tier that served the hit ("memory" / "disk"; None on a miss)."""
         served = decision.served.entry if decision.hit else None
-        if served is not None and served.entry_id not in partition.entries:
+        if served is not None and not partition.holds(served.entry_id):
             served = None  # removed while a judge ran
+        tier = None if served is None else "memory" if served.entry_id in partition.entries else "disk"
         ttl_fields = self.lifetimes.after_lookup(partition, arm, outcome, decision.threshold, served, now)
         if served is not None:
             partition.touch(served, now)
-        return ttl_fields
+        return ttl_fields, tier
 
     def ann_check_stats(self) -> dict | None:
         """The batched checker's counts (checks run, batches, drops by reason), if any."""
@@ -326,7 +328,7 @@ class SemanticCache:
     def drop_expired(self) -> int:
         """Remove entries that are no longer alive (after a restore, and by the sweeper)."""
         now = self.clock()
-        return self.stores.remove_where(lambda e: not e.alive(now))
+        return self.stores.remove_where(lambda e: not e.alive(now), cold=False) + self.stores.drop_expired_cold(now)
 
     # -- state changes: persistence, replication, feedback (cache_core.state) -----------
 

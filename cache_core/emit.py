@@ -62,6 +62,8 @@ class LookupRecord:
     judge_version: str | None = None
     judge_probability: float | None = None
     judge_ms: float | None = None
+    tier: str | None = None
+    """The store tier that served the hit ("memory" / "disk"); None on a miss."""
     ttl_fields: dict = field(default_factory=dict)
     """Adaptive-TTL arms: the prediction and its inputs (``cache_core.adaptive_ttl.event_fields``)."""
 
@@ -148,7 +150,7 @@ class EventEmitter:
             score_margin=record.score_margin, judge_version=record.judge_version,
             judge_probability=record.judge_probability, judge_ms=record.judge_ms,
             intent_cluster=req.cluster, embedding_l2_norm=req.l2_norm, **entry, **record.ttl_fields,
-            index_kind=record.index_kind, ann_checked=outcome.ann_checked,
+            index_kind=record.index_kind, tier=record.tier, ann_checked=outcome.ann_checked,
             ann_agree=outcome.ann_agree, ann_recall_at_k=outcome.ann_recall_at_k,
             embed_ms=req.embed_ms, embed_cached=req.embed_cached, embed_saved_ms=req.embed_saved_ms,
             search_ms=record.search_ms, latency_ms=record.latency_ms,

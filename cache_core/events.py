@@ -94,6 +94,9 @@ class CacheEvent(BaseModel):
     ttl_entry_hits: int | None = None
     """Adaptive-TTL input: the served entry's hits including this one (0 on a miss)."""
     index_kind: str = ""
+    tier: str | None = None
+    """The store tier that served a hit: "memory", or "disk" (the arm's disk tier,
+    cache_core.store.disk_tier: the entry was promoted); null on misses."""
     ann_checked: bool = False
     """Whether exact search was also run for this request to measure ANN precision."""
     ann_agree: bool | None = None

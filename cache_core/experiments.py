@@ -194,6 +194,11 @@ class ArmConfig(_Closed):
     guards: list[GuardName] = Field(default_factory=list)
     capacity_entries: int = Field(100_000, ge=1)
     capacity_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    """The store's memory budget, in entries and bytes: past it the LRU entry is evicted, or
+    demoted to the disk tier if the arm has one."""
+    disk_entries: int = Field(0, ge=0)
+    """Entries the store keeps on local disk beyond its memory budget (cache_core.store.disk_tier:
+    compressed, searched with every lookup, promoted on a hit); 0: none, evicted entries are dropped."""
     ann_check_rate: float = Field(0.1, ge=0.0, le=1.0)
     canary: CanaryConfig | None = None
     similarity: SimilarityKind = "cosine"

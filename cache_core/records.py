@@ -175,6 +175,8 @@ def entry_bytes(query: str, answer: str, embedding: np.ndarray) -> int:
 class Candidate:
     entry: CacheEntry
     similarity: float
+    tier: str = "memory"
+    """Where the entry was found: "memory", or "disk" (cache_core.store.disk_tier; promoted on a hit)."""
 
 
 @dataclass

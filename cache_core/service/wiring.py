@@ -304,10 +304,12 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
 
 def store_backends(cache: CacheSettings) -> Backends:
     """Where out-of-process index kinds keep their vectors (no connection is made here: a
-    Milvus collection is opened when an arm of kind ``milvus`` first stores or searches)."""
+    Milvus collection is opened when an arm of kind ``milvus`` first stores or searches), and
+    the stores their disk tiers (arms with ``disk_entries``), beside the snapshots."""
     uri = cache.milvus_uri or str(Path(cache.snapshot_dir) / "milvus.db")
     return Backends(milvus=MilvusConfig(uri=uri, token=cache.milvus_token.get_secret_value(),
-                                        consistency=cache.milvus_consistency))
+                                        consistency=cache.milvus_consistency),
+                    disk_dir=Path(cache.snapshot_dir) / "tiers")
 
 
 def _index_of(steps: list[tuple[str, Callable[[], None]]], name: str) -> int:

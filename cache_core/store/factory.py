@@ -1,9 +1,11 @@
-"""Where a store's vectors live: ``Backends`` (the deployment's Milvus) and one vector index for a store's conversation scope, of the kind its arm names:
+"""Where a store's vectors live: ``Backends`` (the deployment's Milvus and disk-tier
+directory) and one vector index for a store's conversation scope, of the kind its arm names:
 ``milvus`` (cache_core.store.milvus, the vectors in a Milvus collection) or any of the
 in-process FAISS kinds (cache_core.store.faiss / kinds)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cache_core.store.base import VectorStore
 from cache_core.store.faiss import IndexSpec, VectorIndex
@@ -15,6 +17,9 @@ class Backends:
 
     milvus: object | None = None
     """A ``cache_core.store.milvus.MilvusConfig`` (None: arms of kind ``milvus`` cannot be built)."""
+    disk_dir: Path | None = None
+    """Where stores keep their disk tiers (cache_core.store.disk_tier), a file each (None: a
+    temporary directory of the process)."""
 
 
 def new_index(dim: int, spec: IndexSpec, backends: Backends | None = None,

@@ -14,6 +14,7 @@ from collections import OrderedDict
 import numpy as np
 
 from cache_core.store.base import VectorStore
+from cache_core.store.disk_tier import DiskTier, file_for
 from cache_core.store.factory import Backends, discard, new_index
 from cache_core.store.faiss import IndexMark, IndexSpec
 from cache_core.records import CacheEntry, Candidate, SearchOutcome, text_key
@@ -80,6 +81,20 @@ def _compare_since(index: VectorStore | None, raw: list[tuple[str, float]],
     return ann_agreement(kept_raw, kept_exact[:slots])
 
 
+def default_disk_dir():
+    """Where a disk tier lives when no directory was configured (a cache built without
+    ``Backends``, as tests build one): a directory of this process, gone with it."""
+    global _DEFAULT_DISK_DIR
+    if _DEFAULT_DISK_DIR is None:
+        import tempfile
+
+        _DEFAULT_DISK_DIR = tempfile.mkdtemp(prefix="scache-disk-tier-")
+    return _DEFAULT_DISK_DIR
+
+
+_DEFAULT_DISK_DIR = None
+
+
 class Partition:
     """One store: its entries in LRU order, one vector index per conversation scope,
     and its capacity. All methods take the partition lock."""
@@ -108,6 +123,8 @@ class Partition:
         """The experiment snapshot the layout was last aligned to (skip re-aligning it)."""
         self.retired = False
         """Taken out of the cache's map (a clear, or idle and empty): inserts go to its successor."""
+        self.disk: DiskTier | None = None
+        """Cold entries on local disk, past the memory capacity (an arm's ``disk_entries``)."""
         self.lookup_waiting_since = 0.0
         """perf_counter() when a lookup last started waiting for the lock (0: none): a
         hint that makes the background exact scan step aside (Python locks are unfair)."""
@@ -117,9 +134,12 @@ class Partition:
 
     # -- configuration ----------------------------------------------------------------
 
-    def reconfigure(self, spec: IndexSpec, capacity_entries: int, capacity_bytes: int) -> None:
-        """Follow the arm config in force: rebuild indexes if their structure changed."""
+    def reconfigure(self, spec: IndexSpec, capacity_entries: int, capacity_bytes: int,
+                    disk_entries: int = 0) -> None:
+        """Follow the arm config in force: rebuild indexes if their structure changed; open,
+        resize or drop the disk tier."""
         self.capacity_entries, self.capacity_bytes = capacity_entries, capacity_bytes
+        self._configure_disk(disk_entries)
         if spec == self.spec:
             return
         moved_off_shared = self.spec.kind == "milvus" and spec.kind != "milvus"
@@ -132,6 +152,31 @@ class Partition:
         self.indexes = {}
         for entry in old:
             self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+
+    def _configure_disk(self, disk_entries: int) -> None:
+        if disk_entries <= 0:
+            if self.disk is not None:  # the arm gave its disk tier up: its entries go
+                self.drop_disk()
+            return
+        if self.disk is None:
+            directory = self.backends.disk_dir if self.backends is not None else None
+            self.disk = DiskTier(file_for(directory or default_disk_dir(), self.key), self.dim, disk_entries)
+        self.disk.capacity = disk_entries
+
+    def drop_disk(self) -> None:
+        """Empty and close the disk tier (a clear, or the arm gave it up)."""
+        if self.disk is not None:
+            self.disk.clear()
+            self.disk.close()
+            self.disk = None
+
+    def cold(self) -> int:
+        """Entries in the disk tier."""
+        return len(self.disk) if self.disk is not None else 0
+
+    def holds(self, entry_id: str) -> bool:
+        """In memory or on disk."""
+        return entry_id in self.entries or (self.disk is not None and entry_id in self.disk)
 
     def _index_for(self, scope: str | None) -> VectorStore:
         key = scope or ""
@@ -146,14 +191,35 @@ class Partition:
         """Live candidates, best first. The ANN check is separate (``ann_check``), so it
         can run after the answer has left."""
         index = self.indexes.get(scope or "")
-        if index is None or len(index) == 0:
-            return SearchOutcome(best=None)
-        raw = index.search(vec, k)
-        outcome = SearchOutcome(best=None, raw=raw)
-        outcome.candidates = self._alive(index, vec, raw, now, k, outcome.expired)
+        outcome = SearchOutcome(best=None)
+        if index is not None and len(index):
+            outcome.raw = index.search(vec, k)
+            outcome.candidates = self._alive(index, vec, outcome.raw, now, k, outcome.expired)
+            outcome.mark = index.mark()
+        if self.disk is not None and len(self.disk):
+            outcome.candidates = self._with_cold(vec, scope, now, k, outcome.candidates)
         outcome.best = outcome.candidates[0] if outcome.candidates else None
-        outcome.mark = index.mark()
         return outcome
+
+    def _with_cold(self, vec: np.ndarray, scope: str | None, now: float, k: int,
+                   hot: list[Candidate]) -> list[Candidate]:
+        """``hot`` merged with the disk tier's candidates that make the top ``k`` (read back
+        from the file only those)."""
+        merged = list(hot)
+        floor = hot[k - 1].similarity if len(hot) >= k else -np.inf
+        for entry_id, sim in self.disk.search(vec, scope, k):
+            if sim <= floor:
+                break
+            entry = self.disk.load(entry_id)
+            if entry is None:
+                continue
+            if not entry.alive(now):
+                self.disk.remove(entry_id)
+                self.disk.expirations += 1
+                continue
+            merged.append(Candidate(entry, sim, tier="disk"))
+        merged.sort(key=lambda c: -c.similarity)
+        return merged[:k]
 
     def ann_check(self, vec: np.ndarray, scope: str | None, raw: list[tuple[str, float]],
                   mark: IndexMark | None = None, k: int = SEARCH_K, restarts: int = 2) -> SearchOutcome:
@@ -252,12 +318,22 @@ class Partition:
             raw = index.search(vec, k)  # the expired ones are gone; look again
         return []
 
+    def drop_expired_cold(self, now: float) -> int:
+        """Expired rows of the disk tier (the sweeper)."""
+        return self.disk.drop_expired(now) if self.disk is not None else 0
+
     def nearest_alive(self, vec: np.ndarray, scope: str | None, now: float) -> Candidate | None:
         return self.search(vec, scope, now).best
 
     # -- hits, inserts, removal ---------------------------------------------------------
 
     def touch(self, entry: CacheEntry, now: float) -> None:
+        """A hit on ``entry``: counted, and moved to the LRU's hot end; an entry served from
+        the disk tier is promoted into memory first (which may demote another)."""
+        if entry.entry_id not in self.entries and self.disk is not None and self.disk.remove(entry.entry_id):
+            self.disk.promotions += 1
+            self.evict_for(entry.approx_bytes, now)
+            self.insert(entry)
         entry.last_hit_at = now
         entry.hit_count += 1
         self.entries.move_to_end(entry.entry_id)
@@ -267,7 +343,7 @@ class Partition:
         return self.entries.get(entry_id) if entry_id else None
 
     def insert(self, entry: CacheEntry) -> None:
-        if entry.entry_id in self.entries:  # a replayed log record: replace, do not double count
+        if self.holds(entry.entry_id):  # a replayed log record: replace, do not double count
             self.remove(entry.entry_id)
         self.mutations += 1
         self.entries[entry.entry_id] = entry
@@ -280,7 +356,11 @@ class Partition:
     def remove(self, entry_id: str) -> CacheEntry | None:
         entry = self.entries.pop(entry_id, None)
         if entry is None:
-            return None
+            if self.disk is not None and entry_id in self.disk:  # invalidated or purged while cold
+                entry = self.disk.load(entry_id)
+                self.disk.remove(entry_id)
+                self.mutations += 1
+            return entry
         self.mutations += 1
         if self.journal is not None:
             self.journal.record_remove(self.key, entry_id)
@@ -320,11 +400,15 @@ class Partition:
         return len(victims)
 
     def evict_for(self, extra_bytes: int, now: float) -> None:
-        """LRU eviction until ``extra_bytes`` more fit; protected live entries go last."""
+        """LRU eviction until ``extra_bytes`` more fit; protected live entries go last. With a
+        disk tier a live victim is demoted to it (its removal from memory is logged, so the
+        write-ahead log and the tier's file never both restore it)."""
         while self.entries and not self.has_room(extra_bytes):
-            victim = self._lru_victim(now)
-            self.remove(victim)
-            self.evictions += 1
+            victim = self.remove(self._lru_victim(now))
+            if self.disk is not None and victim is not None and victim.alive(now):
+                self.disk.put(victim)
+            else:
+                self.evictions += 1
 
     def _lru_victim(self, now: float) -> str:
         for scanned, entry in enumerate(self.entries.values()):

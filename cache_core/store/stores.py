@@ -55,12 +55,13 @@ class Stores:
         spec = IndexSpec.for_arm(layout)
         cap_entries = max(a.capacity_entries for a in arms)
         cap_bytes = max(a.capacity_bytes for a in arms)
+        disk_entries = max(a.disk_entries for a in arms)
         with self._lock:
             partition = self._by_key.get(key)
             if partition is None:
                 partition = self._by_key[key] = self._new(key, spec, cap_entries, cap_bytes)
         with partition.lock:
-            partition.reconfigure(spec, cap_entries, cap_bytes)
+            partition.reconfigure(spec, cap_entries, cap_bytes, disk_entries)
             partition.applied = experiment
         return partition
 
@@ -124,7 +125,8 @@ class Stores:
         for partition in taken:
             with partition.lock:
                 partition.retired = True
-                removed += len(partition)
+                removed += len(partition) + partition.cold()
+                partition.drop_disk()
                 partition.journal = None
                 partition.entries.clear()
                 for index in partition.indexes.values():
@@ -138,11 +140,15 @@ class Stores:
         """Drop ``namespace``'s stores from the map (replaying a logged clear)."""
         with self._lock:
             for key in [k for k in self._by_key if k[0] == namespace]:
-                for index in self._by_key.pop(key).indexes.values():
+                partition = self._by_key.pop(key)
+                for index in partition.indexes.values():
                     discard(index)
+                partition.drop_disk()
 
-    def remove_where(self, matches: Callable[[CacheEntry], bool], namespace: str | None = None) -> int:
-        """Remove the entries (of ``namespace``, or all) that ``matches``; returns how many."""
+    def remove_where(self, matches: Callable[[CacheEntry], bool], namespace: str | None = None,
+                     cold: bool = True) -> int:
+        """Remove the entries (of ``namespace``, or all) that ``matches``; returns how many.
+        ``cold``: the disk tiers' entries too (every row read back)."""
         removed = 0
         for partition in self.all():
             if namespace is not None and partition.key[0] != namespace:
@@ -151,6 +157,16 @@ class Stores:
                 for entry_id in [e.entry_id for e in partition.entries.values() if matches(e)]:
                     partition.remove(entry_id)
                     removed += 1
+                if cold and partition.disk is not None:
+                    removed += partition.disk.remove_where(matches)
+        return removed
+
+    def drop_expired_cold(self, now: float) -> int:
+        """The disk tiers' expired rows (by their expiry column, nothing read back)."""
+        removed = 0
+        for partition in self.all():
+            with partition.lock:
+                removed += partition.drop_expired_cold(now)
         return removed
 
     def retire_idle(self) -> int:
@@ -164,10 +180,10 @@ class Stores:
         retired = 0
         for key, partition in candidates:
             seen, self._idle_marks[key] = self._idle_marks.get(key), partition.mutations
-            if len(partition) or seen != partition.mutations:
+            if len(partition) or partition.cold() or seen != partition.mutations:
                 continue
             with partition.lock:
-                if len(partition) or partition.mutations != seen:
+                if len(partition) or partition.cold() or partition.mutations != seen:
                     continue
                 with self._lock:
                     if self._by_key.get(key) is partition:

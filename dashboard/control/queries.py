@@ -174,6 +174,11 @@ def judge_versions(client, filters: Filters) -> pd.DataFrame:
     return _frame(client, sql_verdicts.JUDGE_VERSIONS_SQL, filters.parameters())
 
 
+def hit_tiers(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x store tier ("memory" / "disk"): hits, search and lookup time, users' verdicts."""
+    return _frame(client, sql_verdicts.HIT_TIERS_SQL, filters.parameters())
+
+
 def false_hit_timeseries(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
     """Per arm and time bucket: correct, wrong, labelled, false_hit_rate."""
     _check_bucket(bucket_s)

@@ -120,6 +120,28 @@ ORDER BY arm, judge_version
 """
 
 
+HIT_TIERS_SQL = f"""
+SELECT e.arm AS arm,
+       ifNull(e.tier, '') AS tier,
+       count() AS hits,
+       avg(e.search_ms) AS search_ms_mean,
+       quantile(0.95)(e.search_ms) AS search_ms_p95,
+       avg(e.latency_ms) AS latency_ms_mean,
+       countIf(u.verdict = 'correct') AS user_correct,
+       countIf(u.verdict = 'wrong') AS user_wrong
+FROM (
+    SELECT request_id, arm, decision, tier, search_ms, latency_ms FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS u USING (request_id)
+WHERE e.decision = 'hit'
+GROUP BY arm, tier
+ORDER BY arm, tier
+"""
+"""Hits per arm x the store tier that served them ("memory" / "disk"; "" before the tier was
+logged): how much the disk tier serves, what it costs in search time, and users' verdicts."""
+
+
 COLUMNS: dict[str, list[str]] = {
     JUDGE_PROBABILITY_SQL: ["arm", "judge_version", "probability_milli", "decisions", "hits", "user_correct",
                             "user_wrong", "shadow_hit_correct", "shadow_hit_wrong", "shadow_miss_correct",
@@ -129,5 +151,7 @@ COLUMNS: dict[str, list[str]] = {
     SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],
     JUDGE_VERSIONS_SQL: ["arm", "judge_version", "requests", "hits", "judged", "judge_ms_mean", "judge_ms_p95",
                          "user_correct", "user_wrong", "shadow_correct", "shadow_wrong"],
+    HIT_TIERS_SQL: ["arm", "tier", "hits", "search_ms_mean", "search_ms_p95", "latency_ms_mean",
+                    "user_correct", "user_wrong"],
 }
 """Output columns of each query (merged into the lookup of ``queries._frame``)."""

@@ -1,0 +1,183 @@
+"""The disk tier of a store: the long tail of its entries on local disk, so an arm can hold
+more entries than its memory budget (``capacity_entries`` / ``capacity_bytes``).
+
+When the memory tier must make room, its LRU victim is demoted here instead of dropped
+(``Partition.evict_for``): the whole entry goes into a SQLite file under the store's data
+directory (one file per store, ``Backends.disk_dir``), its vector as zstd-compressed float16
+(~0.5 kB instead of 1.5 kB at 384 dimensions) and its metadata as zstd-compressed JSON. What
+stays in memory per cold entry is a float16 scalar-quantised code in a FAISS index (768 B at
+384 dimensions, ``IndexScalarQuantizer`` scanned in full) and its id: no query or answer text,
+no float32 vector, no exact twin.
+
+A lookup searches both tiers (``Partition.search``); the disk candidates within the best
+``SEARCH_K`` are read back from the file and re-scored against their stored float16 vector
+(cosine within ~1e-3 of the float32 one), so a threshold meets (nearly) the true cosine. Served
+from disk, an entry is promoted: taken out of the file and inserted into memory (which may demote
+another). The tier that served each hit is in its event (``CacheEvent.tier``).
+
+Lifetime on disk: an entry's expiry is fixed when it is demoted (no hit reaches it there, a hit
+promotes it); expired rows are dropped by the sweeper and when met. Past ``capacity`` rows the
+oldest demoted go first (truly evicted). Invalidations, purges and clears reach disk entries as
+memory ones (``Partition.remove`` / ``remove_where``, ``Stores.take_namespace``).
+
+Durability: the file survives a restart and is reopened (its vectors re-read into the code
+index); demotion removes the entry from the write-ahead log's view (a logged removal), so the
+two never both restore it. Not thread-safe: the partition's lock is held around every call.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import faiss
+import numpy as np
+import zstandard
+
+from cache_core.records import CacheEntry
+
+ZSTD_LEVEL = 3
+_META = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_policy", "max_age_s", "namespace",
+         "intent_cluster", "scope", "provenance_source", "provenance_version", "last_hit_at",
+         "hit_count", "grace_s", "protected", "approx_bytes")
+
+
+def file_for(directory: Path, key: tuple[str, str, str]) -> Path:
+    return Path(directory) / ("tier-" + hashlib.sha256("\x1f".join(key).encode()).hexdigest()[:32] + ".sqlite")
+
+
+class DiskTier:
+    """One store's cold entries: rows in a SQLite file, float16 codes in memory."""
+
+    def __init__(self, path: Path, dim: int, capacity: int):
+        self.path = Path(path)
+        self.dim = dim
+        self.capacity = capacity
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS cold (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                         "entry_id TEXT UNIQUE NOT NULL, scope TEXT NOT NULL, expires_at REAL NOT NULL, "
+                         "vec BLOB NOT NULL, meta BLOB NOT NULL)")
+        self._zc, self._zd = zstandard.ZstdCompressor(level=ZSTD_LEVEL), zstandard.ZstdDecompressor()
+        self._codes: dict[str, faiss.Index] = {}  # scope -> fp16 codes under their row seq
+        self._seq_of: dict[str, tuple[int, str]] = {}  # entry_id -> (seq, scope)
+        self._id_of_seq: dict[int, str] = {}
+        self.demotions = self.promotions = self.evictions = self.expirations = 0
+        for seq, entry_id, scope, blob in self._db.execute("SELECT seq, entry_id, scope, vec FROM cold"):
+            self._index(seq, entry_id, scope, self._vector(blob))
+
+    def __len__(self) -> int:
+        return len(self._seq_of)
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._seq_of
+
+    def memory_bytes(self) -> int:
+        """Resident cost of the cold entries: float16 codes plus an id (8 B) and ~100 B of maps each."""
+        return len(self) * (2 * self.dim + 8 + 100)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def put(self, entry: CacheEntry) -> None:
+        """Demote ``entry`` (replacing a row of the same id); the oldest go past capacity."""
+        self.remove(entry.entry_id)
+        vec = np.asarray(entry.embedding, dtype=np.float16).reshape(-1)
+        meta = {name: getattr(entry, name) for name in _META}
+        meta["wrong_units"] = sorted(entry.wrong_units)
+        cur = self._db.execute("INSERT INTO cold (entry_id, scope, expires_at, vec, meta) VALUES (?, ?, ?, ?, ?)",
+                               (entry.entry_id, entry.scope or "", entry.expires_at(),
+                                self._zc.compress(vec.tobytes()), self._zc.compress(json.dumps(meta).encode())))
+        self._index(cur.lastrowid, entry.entry_id, entry.scope or "", vec.astype(np.float32))
+        self.demotions += 1
+        while len(self) > self.capacity:
+            oldest = min(self._id_of_seq)
+            self.remove(self._id_of_seq[oldest])
+            self.evictions += 1
+
+    def remove(self, entry_id: str) -> bool:
+        found = self._seq_of.pop(entry_id, None)
+        if found is None:
+            return False
+        seq, scope = found
+        del self._id_of_seq[seq]
+        codes = self._codes[scope]
+        codes.remove_ids(np.array([seq], dtype=np.int64))
+        if codes.ntotal == 0:
+            del self._codes[scope]
+        self._db.execute("DELETE FROM cold WHERE seq = ?", (seq,))
+        return True
+
+    def take(self, entry_id: str) -> CacheEntry | None:
+        """Promote: the entry, out of the tier (None if it is not here)."""
+        entry = self.load(entry_id)
+        if entry is not None:
+            self.remove(entry_id)
+            self.promotions += 1
+        return entry
+
+    def clear(self) -> None:
+        self._db.execute("DELETE FROM cold")
+        self._codes.clear()
+        self._seq_of.clear()
+        self._id_of_seq.clear()
+
+    def drop_expired(self, now: float) -> int:
+        ids = [row[0] for row in self._db.execute("SELECT entry_id FROM cold WHERE expires_at <= ?", (now,))]
+        for entry_id in ids:
+            self.remove(entry_id)
+        self.expirations += len(ids)
+        return len(ids)
+
+    def remove_where(self, matches: Callable[[CacheEntry], bool]) -> int:
+        """Remove the rows whose entry ``matches`` (a purge: every row is read)."""
+        doomed = [e.entry_id for e in self.entries() if matches(e)]
+        for entry_id in doomed:
+            self.remove(entry_id)
+        return len(doomed)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- reads --------------------------------------------------------------------------
+
+    def search(self, vec: np.ndarray, scope: str | None, k: int) -> list[tuple[str, float]]:
+        """Top-k (entry_id, approximate cosine from the float16 codes) of ``scope``."""
+        codes = self._codes.get(scope or "")
+        if codes is None or codes.ntotal == 0 or k <= 0:
+            return []
+        scores, seqs = codes.search(np.asarray(vec, dtype=np.float32).reshape(1, -1), min(k, codes.ntotal))
+        return [(self._id_of_seq[int(s)], float(score)) for score, s in zip(scores[0], seqs[0])
+                if s >= 0 and int(s) in self._id_of_seq]
+
+    def load(self, entry_id: str) -> CacheEntry | None:
+        found = self._seq_of.get(entry_id)
+        if found is None:
+            return None
+        row = self._db.execute("SELECT vec, meta FROM cold WHERE seq = ?", (found[0],)).fetchone()
+        return None if row is None else self._entry(*row)
+
+    def entries(self) -> list[CacheEntry]:
+        return [self._entry(vec, meta) for vec, meta in self._db.execute("SELECT vec, meta FROM cold")]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _vector(self, blob: bytes) -> np.ndarray:
+        return np.frombuffer(self._zd.decompress(blob), dtype=np.float16).astype(np.float32)
+
+    def _entry(self, vec_blob: bytes, meta_blob: bytes) -> CacheEntry:
+        meta = json.loads(self._zd.decompress(meta_blob))
+        wrong = set(meta.pop("wrong_units", []))
+        return CacheEntry(embedding=self._vector(vec_blob), wrong_units=wrong, **meta)
+
+    def _index(self, seq: int, entry_id: str, scope: str, vec: np.ndarray) -> None:
+        codes = self._codes.get(scope)
+        if codes is None:
+            codes = self._codes[scope] = faiss.IndexIDMap(faiss.IndexScalarQuantizer(
+                self.dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT))
+        codes.add_with_ids(vec.reshape(1, -1).astype(np.float32), np.array([seq], dtype=np.int64))
+        self._seq_of[entry_id] = (seq, scope)
+        self._id_of_seq[seq] = entry_id

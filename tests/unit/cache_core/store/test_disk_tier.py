@@ -1,0 +1,143 @@
+"""The disk tier (cache_core.store.disk_tier): an arm holds more entries than its memory
+budget, cold entries are found, served, promoted on a hit and say so in the event; expiry,
+invalidation, purges and clears reach them; the file survives a reopen."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache_core.cache import SemanticCache
+from cache_core.experiments import ArmConfig
+from cache_core.records import EntryMatch
+from cache_core.registry import ExperimentRegistry
+from cache_core.store.disk_tier import DiskTier
+from cache_core.store.factory import Backends
+from tests.unit.cache_core.helpers import ManualClock, RecordingSink, TableEmbedder, experiment
+
+DIM = 16
+
+
+def basis(i: int) -> np.ndarray:
+    vec = np.zeros(DIM, dtype=np.float32)
+    vec[i] = 1.0
+    return vec
+
+
+def near(i: int) -> np.ndarray:
+    vec = basis(i)
+    vec[(i + 1) % DIM] = 0.3
+    return vec / np.linalg.norm(vec)
+
+
+TABLE = {**{f"q{i}": basis(i) for i in range(DIM)}, **{f"ask{i}": near(i) for i in range(DIM)}}
+
+
+def make(tmp_path, capacity=3, disk=100, **arm):
+    arm = ArmConfig(name="a", threshold=0.9, capacity_entries=capacity, disk_entries=disk,
+                    ann_check_rate=0.0, **arm)
+    exp = experiment(arm)
+    clock, sink = ManualClock(), RecordingSink()
+    cache = SemanticCache(TableEmbedder(dict(TABLE)), ExperimentRegistry({exp.experiment_id: exp}),
+                          clock=clock, event_sink=sink, seed=1, backends=Backends(disk_dir=tmp_path))
+    return cache, clock, sink
+
+
+def partition(cache):
+    return cache.stores.all()[0]
+
+
+def fill(cache, clock, n):
+    for i in range(n):
+        cache.store(f"q{i}", f"answer {i}", unit_id="u")
+        clock.advance(1)
+
+
+def test_an_arm_holds_more_than_its_memory_budget(tmp_path):
+    cache, clock, _ = make(tmp_path)
+    fill(cache, clock, 8)
+    store = partition(cache)
+    assert len(store) == 3 and store.cold() == 5 and store.evictions == 0
+    assert store.disk.memory_bytes() < 5 * DIM * 4 + 5 * 200
+
+
+def test_a_cold_hit_is_served_promoted_and_logged_as_disk(tmp_path):
+    cache, clock, sink = make(tmp_path)
+    fill(cache, clock, 8)
+    store = partition(cache)
+    assert "q0" not in {e.query for e in store.entries.values()}
+    result = cache.lookup("ask0", unit_id="u")
+    assert result.hit and result.answer == "answer 0" and result.similarity == pytest.approx(1 / np.sqrt(1.09), abs=2e-3)
+    cache.flush_events()
+    assert sink.events[-1].tier == "disk"
+    assert "q0" in {e.query for e in store.entries.values()} and len(store) == 3 and store.cold() == 5
+    assert store.disk.promotions == 1
+    again = cache.lookup("ask0", unit_id="u")
+    cache.flush_events()
+    assert again.hit and sink.events[-1].tier == "memory"
+    assert not cache.lookup("q15", unit_id="u").hit
+    cache.flush_events()
+    assert sink.events[-1].tier is None
+
+
+def test_without_a_disk_tier_novel_entries_are_refused_under_pressure(tmp_path):
+    cache, clock, _ = make(tmp_path, disk=0)
+    fill(cache, clock, 8)  # all novel: past 3 the memory is full and they are refused
+    store = partition(cache)
+    assert len(store) == 3 and store.cold() == 0 and store.disk is None
+    assert cache.lookup("ask0", unit_id="u").hit and not cache.lookup("ask5", unit_id="u").hit
+
+
+def test_the_disk_tier_drops_its_oldest_past_capacity(tmp_path):
+    cache, clock, _ = make(tmp_path, disk=2)
+    fill(cache, clock, 8)
+    store = partition(cache)
+    assert store.cold() == 2 and store.disk.evictions == 3
+    assert not cache.lookup("ask0", unit_id="u").hit and cache.lookup("ask4", unit_id="u").hit
+
+
+def test_expired_cold_entries_are_not_served_and_are_swept(tmp_path):
+    cache, clock, _ = make(tmp_path, ttl_s=100.0)
+    fill(cache, clock, 8)
+    clock.advance(95)  # q0..q2 (stored first) are past 100 s, q3.. not yet
+    assert not cache.lookup("ask0", unit_id="u").hit
+    assert cache.lookup("ask4", unit_id="u").hit
+    clock.advance(100)
+    assert cache.drop_expired() >= 4 and partition(cache).cold() == 0
+
+
+def test_invalidation_purge_and_clear_reach_the_disk(tmp_path):
+    cache, clock, _ = make(tmp_path)
+    fill(cache, clock, 8)
+    store = partition(cache)
+    cold = [e for e in store.disk.entries() if e.query == "q1"][0]
+    with store.lock:
+        assert store.remove(cold.entry_id).query == "q1"  # a "wrong" verdict's removal
+    assert not cache.lookup("ask1", unit_id="u").hit
+    assert cache.purge("default", EntryMatch(query="q2")) == 1
+    assert not cache.lookup("ask2", unit_id="u").hit
+    assert cache.clear_namespace("default") == 3 + 3
+    assert not cache.lookup("ask3", unit_id="u").hit
+
+
+def test_the_file_survives_a_reopen(tmp_path):
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 10)
+    cache, clock, _ = make(tmp_path / "other")
+    fill(cache, clock, 4)
+    entry = next(iter(partition(cache).entries.values()))
+    tier.put(entry)
+    tier.close()
+    again = DiskTier(tmp_path / "t.sqlite", DIM, 10)
+    assert len(again) == 1 and again.search(entry.embedding, None, 1)[0][0] == entry.entry_id
+    loaded = again.load(entry.entry_id)
+    assert loaded.answer == entry.answer and loaded.expires_at() == pytest.approx(entry.expires_at())
+    assert np.allclose(loaded.embedding, entry.embedding, atol=1e-3)
+
+
+def test_scoped_cold_entries_answer_only_their_scope(tmp_path):
+    cache, clock, _ = make(tmp_path)
+    for i in range(6):
+        cache.store(f"q{i}", f"answer {i}", unit_id="u", scope="conv")
+        clock.advance(1)
+    assert partition(cache).cold() == 3
+    assert cache.lookup("ask0", unit_id="u", scope="conv").hit
+    assert not cache.lookup("ask1", unit_id="u").hit
