@@ -2,7 +2,9 @@
 
 One run, for every experiment (or the ones named):
 1. each arm with a canary: ``evaluate_canary`` on the canary's labelled hits
-   since it started; promote or roll back when the verdict is confident;
+   since it started; promote or roll back when the verdict is confident. A canary that
+   loosens is promoted only once its measured hit rate confirms the replayed gain, and
+   rolled back when it refutes it (``canary_gain``);
 2. each multi-similarity arm without a canary: ``tuning_multi.recommend_multi`` over the
    lookback window picks its score floor and answer margin (replayed from the logged
    mixed scores, never under the lowest floor / margin they were logged at). A higher floor
@@ -57,7 +59,7 @@ import pandas as pd
 from cache_core.events import ControlMessage, now_ms
 from cache_core.experiments import ExperimentConfig
 from cache_core.settings import Settings, settings_or_exit
-from dashboard.control import changes, publishing, queries, rollout, tuning, tuning_judge, tuning_multi
+from dashboard.control import canary_gain, changes, publishing, queries, rollout, tuning, tuning_judge, tuning_multi
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.canary import RolledBack, configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.stats import ProportionStat
@@ -138,6 +140,9 @@ def tune_experiment(settings: Settings, experiment_id: str, guardrails: Guardrai
         decision = evaluate_canary(arm.canary, canary_labels(client, experiment_id, arm.name, started),
                                    min_labelled=guardrails.min_labelled, alpha=guardrails.alpha,
                                    shadow=canary_shadow_labels(client, experiment_id, arm.name, started))
+        if decision.action == "promote" and canary_gain.loosens(arm):
+            units = queries.canary_unit_stats(client, experiment_id, arm.name, started)
+            decision = canary_gain.gate_promotion(decision, arm, units, guardrails.alpha)
         applied = apply and decision.action != "continue"
         if applied:
             change = changes.promote_canary(arm.name) if decision.action == "promote" else changes.rollback_canary(arm.name)

@@ -205,6 +205,13 @@ def canary_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.Data
     return _frame(client, sql.CANARY_SQL, {"experiment_id": experiment_id, "arm": arm, "since_ms": int(since_ms)})
 
 
+def canary_unit_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.DataFrame:
+    """Per variant of ``arm`` since ``since_ms``, over users: the delta method's sums of
+    decisions (x) and hits (y) per user (``ratio.RatioStat``): the canary's measured hit rate."""
+    return _frame(client, sql.CANARY_UNITS_SQL, {"experiment_id": experiment_id, "arm": arm,
+                                                 "since_ms": int(since_ms)})
+
+
 def last_changes(client, experiment_id: str) -> pd.DataFrame:
     """Per arm: when its threshold last changed (any time) and the version it changed to."""
     df = _frame(client, sql.LAST_CHANGES_SQL, {"experiment_id": experiment_id})

@@ -422,6 +422,21 @@ GROUP BY arm
 ORDER BY arm
 """
 
+# A canary's measured hit rate per variant of one arm since it started, per user (the canary
+# hash splits users): promotion of a loosening waits until it confirms the what-if's gain.
+CANARY_UNITS_SQL = f"""
+SELECT variant, {_UNIT_SUMS}
+FROM (
+    SELECT variant, {_UNIT} AS unit, count() AS x, countIf(hit) AS y
+    FROM events_raw FINAL
+    WHERE event_type = 'decision' AND decision IN ('hit', 'miss')
+      AND experiment_id = {{experiment_id:String}} AND arm = {{arm:String}} AND ts_ms >= {{since_ms:Int64}}
+    GROUP BY variant, unit
+)
+GROUP BY variant
+ORDER BY variant
+"""
+
 # The sequential test's looks: per arm and time bucket, what the bucket adds to the
 # cumulative per-user sums (a user's running x and y: its square grows by x_now^2 - x_before^2),
 # so a cumulative sum over buckets gives the per-user statistics at every look.
@@ -477,5 +492,6 @@ COLUMNS: dict[str, list[str]] = {
     UNIT_STATS_SQL: ["arm", *_UNIT_COLUMNS],
     UNIT_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS],
     UNIT_PATH_SQL: ["arm", "bucket", *_UNIT_COLUMNS],
+    CANARY_UNITS_SQL: ["variant", *_UNIT_COLUMNS],
 }
 """Output columns of each query: an empty result carries no column names."""

@@ -183,11 +183,18 @@ def recommend(arm: str, current: float, similarity_hist: pd.DataFrame, labelled:
     return _recommendation(base, best, current, why)
 
 
+FIXED_CONTENTS = ("estimated hit rates replay logged decisions with the cache's contents held fixed (a lower "
+                  "threshold also stores fewer entries): the canary's measured hit rate must confirm the gain")
+"""Said with every lowering (issue 26, item 5); ``canary_gain`` holds the promotion until it does."""
+
+
 def _recommendation(base: dict, row: pd.Series, current: float, why: str) -> Recommendation:
     recommended = float(row["threshold"])
     moved = abs(recommended - current) > 1e-9
     basis = row.get("basis", "users") or ""
     bound = row["shadow_false_hit_upper"] if basis == "shadow" else row["false_hit_upper"]
+    if recommended < current - 1e-9:
+        why = f"{why}; {FIXED_CONTENTS}"
     return Recommendation(
         **base, recommended=recommended, action="change" if moved else "hold",
         reason=why if moved else "the current threshold is already the best within the guardrails",
@@ -246,7 +253,7 @@ def exploration(rec: Recommendation, failed: RolledBack | None = None) -> Recomm
                    recommended_hit_rate=step["est_hit_rate"],
                    reason=f"exploring {step['threshold']:.3f} on a canary: {rec.current:.3f} is the best supported "
                           f"threshold (false-hit bound {rec.false_hit_upper:.1%} at {rec.labelled} labels) and no "
-                          f"labels reach below it{note}")
+                          f"labels reach below it{note}; {FIXED_CONTENTS}")
 
 
 def _no_feasible(base: dict, table: pd.DataFrame, now_row: pd.Series, g: Guardrails) -> Recommendation:

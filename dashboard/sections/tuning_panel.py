@@ -10,7 +10,7 @@ import streamlit as st
 from cache_core.decision.thresholds import multi_for
 from cache_core.events import now_ms
 from dashboard import charts, data
-from dashboard.control import autotune, changes, queries, tuning, tuning_judge
+from dashboard.control import autotune, canary_gain, changes, queries, tuning, tuning_judge
 from dashboard.control.canary import configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.stats import ProportionStat
@@ -46,6 +46,9 @@ def canary_section(view: View, config) -> None:
         n_wrong = (0, 0) if canary_rows is None else (
             int(canary_rows["correct"].sum() + canary_rows["wrong"].sum()), int(canary_rows["wrong"].sum()))
         decision = evaluate_canary(arm.canary, ProportionStat(*n_wrong), alpha=0.05)
+        if decision.action == "promote" and canary_gain.loosens(arm):  # as auto-tune judges it
+            units = optional(view, "canary_unit_stats", view.experiment_id, arm.name, arm.canary.started_at_ms)
+            decision = canary_gain.gate_promotion(decision, arm, units, alpha=0.05)
         st.markdown(f"**{arm.name}**: {canary_summary(arm)} on {arm.canary.share:.0%} of units; verdict "
                     f"**{decision.action}** — {decision.reason}.")
         if stats is not None:

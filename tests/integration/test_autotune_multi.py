@@ -115,6 +115,13 @@ def test_autotune_explores_a_lower_floor_on_a_canary_and_promotes_it(safe_floor_
                                 "variant"])
     client.insert("feedback_raw", [[1, rid, "correct", start + 500, "test"] for rid in ids],
                   column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    # The other units, still at 0.53, miss half of the time: the measured gain confirms the replay's.
+    client.insert("events_raw", [["decision", f"{experiment_id}-base-{i}", start + 10 + i, experiment_id, "control",
+                                  "hit" if i % 2 else "miss", bool(i % 2), 0.90, "multi", 0.505, 0.05, 2, "base"]
+                                 for i in range(200)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "similarity_mode", "score", "score_margin", "config_version",
+                                "variant"])
     after = _run(capsys, "--experiment", experiment_id, "--cooldown-s", "0", "--canary-share", "0.2")
     assert (after[("control", "canary")]["action"], after[("control", "canary")]["version"]) == ("promote", 3)
     arm = read_latest_configs(get_settings().kafka)[experiment_id].experiment.arm("control")
@@ -122,6 +129,7 @@ def test_autotune_explores_a_lower_floor_on_a_canary_and_promotes_it(safe_floor_
     reasons = [r[0] for r in client.query("SELECT reason FROM threshold_changes WHERE experiment_id = {e:String} "
                                           "ORDER BY new_version", parameters={"e": experiment_id}).result_rows]
     assert "exploring score floor 0.500 on a canary" in reasons[0] and "canary promote" in reasons[1]
+    assert "confirms the gain" in reasons[1]
 
 
 def test_a_version_pushed_through_the_admin_api_is_replayable_and_gets_audited(multi_env, capsys):

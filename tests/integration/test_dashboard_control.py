@@ -109,6 +109,16 @@ def _canary_traffic(client, experiment_id: str, arm: str, canary, wrong: int, n:
                   column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
 
 
+def _base_traffic(client, experiment_id: str, arm: str, canary, hits: int, n: int = 200) -> None:
+    """``n`` decisions of ``arm``'s other units since its canary started, ``hits`` of them hits
+    (the canary's measured hit rate is compared with theirs before a loosening is promoted)."""
+    client.insert("events_raw", [["decision", f"{experiment_id}-base-{arm}-{i}", canary.started_at_ms + 10 + i,
+                                  experiment_id, arm, "hit" if i < hits else "miss", i < hits, 0.85, "base"]
+                                 for i in range(n)],
+                  column_names=["event_type", "request_id", "ts_ms", "experiment_id", "arm", "decision", "hit",
+                                "similarity", "variant"])
+
+
 def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     settings, experiment_id, client = env
     if not _feedback_tables_ready(client):
@@ -140,6 +150,7 @@ def test_autotune_recommends_pushes_a_canary_and_rolls_it_back(env):
     # the sequential test needs that many to promote at a 5% target).
     _canary_traffic(client, experiment_id, "control", canary, wrong=30)
     _canary_traffic(client, experiment_id, "treatment", probe, wrong=0, n=200)
+    _base_traffic(client, experiment_id, "treatment", probe, hits=100)  # 50% hits there, 100% on the canary
     after = autotune.tune_experiment(settings, experiment_id, guardrails, client=client)
     verdicts = {a.arm: a for a in after if a.kind == "canary"}
     assert (verdicts["control"].action, verdicts["control"].applied, verdicts["control"].version) == ("rollback", True, 4)
