@@ -33,7 +33,7 @@ from scipy import stats as sps
 
 from dashboard.control.ratio import RatioStat, diff_of_ratios, sequential_test_ratios
 from dashboard.control.stats import (DEFAULT_MIXTURE_SD, ProportionStat, diff_of_proportions, msprt_statistic,
-                                     sequential_test, srm_check)
+                                     sequential_test, srm_check, wilson_interval)
 from dashboard.control.target_test import log_e_value
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -109,6 +109,31 @@ def aa_table(sims: int, seed: int) -> list[dict]:
             runs = [aa_run(rng, icc, rate) for _ in range(sims)]
             rows.append({"icc": icc, "rate": rate, "sims": sims,
                          **{k: float(np.mean([r[k] for r in runs])) for k in runs[0]}})
+    return rows
+
+
+Z_CELLS = [(USERS, icc, rate) for icc in ICCS for rate in RATES] + [(2_000, 0.2, 0.01), (500, 0.2, 0.01)]
+
+
+def ztest_table(runs: int, seed: int) -> list[dict]:
+    """The per-user z-test's A/A type-I at many more runs than ``aa_table`` (the z-test alone):
+    at 200 runs one cell read 9% (18 of 200, ICC 0.2, rate 1%); with its 95% Wilson interval
+    (``stats.wilson_interval``). Two small experiments (2,000 and 500 users: a few dozen users
+    with a hit per arm) probe the delta method where expected counts are small."""
+    rows = []
+    for n_users, icc, rate in Z_CELLS:
+        rng = np.random.default_rng([seed, 7, n_users, int(icc * 1000), int(rate * 1000)])
+        fired = tested = 0
+        for _ in range(runs):
+            arm = rng.random(n_users) < 0.5
+            x, y = users(rng, n_users, icc, rate)
+            r = diff_of_ratios(RatioStat.from_units(x[~arm], y[~arm]), RatioStat.from_units(x[arm], y[arm]))
+            if r.p_value is not None:
+                tested += 1
+                fired += r.p_value < 0.05
+        ci = wilson_interval(ProportionStat(tested, fired))
+        rows.append({"users": n_users, "icc": icc, "rate": rate, "runs": tested, "type_i": ci.rate,
+                     "ci_low": ci.low, "ci_high": ci.high})
     return rows
 
 
@@ -209,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sims", type=int, default=200, help="A/A experiments per (ICC, rate)")
     p.add_argument("--canary-sims", type=int, default=4000, help="canaries per (target, true rate)")
+    p.add_argument("--z-runs", type=int, default=4000, help="A/A runs per cell of the z-test-only table")
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--out", type=Path, default=RESULTS / "stats_simulation.json")
     args = p.parse_args(argv)
@@ -217,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     aa = aa_table(args.sims, args.seed)
     srm_exact = srm_users_exact(200_000, args.seed)
     canary = canary_table(args.canary_sims, args.seed)
+    ztest = ztest_table(args.z_runs, args.seed)
     elapsed = time.perf_counter() - started
     print(f"A/A, {USERS:,} users per experiment over {LOOKS} looks, {args.sims} experiments per row "
           "(false-positive shares; SRM at alpha 0.001, tests at 0.05):")
@@ -227,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['z_requests']:>6.3f} {r['z_users']:>7.3f} {r['ci_users_misses_0']:>8.3f} "
               f"{r['msprt_requests']:>10.3f} {r['msprt_users']:>11.3f}")
     print(f"SRM on users over 200,000 A/A draws: {srm_exact:.4f} false alarms (alpha 0.001)")
+    print(f"\nPer-user z-test alone, {args.z_runs:,} A/A runs per row (type-I at 0.05, 95% Wilson interval):")
+    for r in ztest:
+        print(f"{r['users']:>7,} users ICC {r['icc']:<4g} rate {r['rate']:>4.0%}: {r['type_i']:.4f} "
+              f"({r['ci_low']:.4f}-{r['ci_high']:.4f}) over {r['runs']:,} runs")
     print(f"\nCanary, looks every {LABELS_PER_LOOK} labels up to {LABELS_PER_LOOK * CANARY_LOOKS:,}, "
           f"{args.canary_sims} canaries per row (share rolled back / promoted):")
     print(f"{'target':>6} {'x':>4} " + " ".join(f"{m:>22}" for m in ("exact", "normal_msprt", "fixed_bound")))
@@ -241,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"users": USERS, "looks": LOOKS, "sims": args.sims, "canary_sims": args.canary_sims,
                                     "labels_per_look": LABELS_PER_LOOK, "canary_looks": CANARY_LOOKS,
                                     "seed": args.seed, "elapsed_s": round(elapsed, 1), "aa": aa,
-                                    "srm_users_200k_draws": srm_exact, "canary": canary},
+                                    "srm_users_200k_draws": srm_exact, "canary": canary,
+                                    "z_runs": args.z_runs, "ztest": ztest},
                                    indent=1))
     draw(aa, canary, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
