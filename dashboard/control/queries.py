@@ -167,6 +167,12 @@ def judge_probabilities(client, filters: Filters) -> pd.DataFrame:
     return _frame(client, sql_verdicts.JUDGE_PROBABILITY_SQL, filters.parameters())
 
 
+def shadow_strata(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x ``epoch_hour``: hits, shadow-checked hits and the wrong ones: the strata of
+    ``shadow_estimate.weighted_rate``."""
+    return _frame(client, sql_verdicts.SHADOW_STRATA_SQL, filters.parameters())
+
+
 def judge_versions(client, filters: Filters) -> pd.DataFrame:
     """Per arm x judge version ('' = no judge): requests, hits, judged, judge_ms_mean / _p95 (the judge
     stage's added latency), and users' and shadow checks' verdicts on the hits, apart

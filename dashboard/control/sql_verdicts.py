@@ -120,6 +120,25 @@ ORDER BY arm, judge_version
 """
 
 
+# Per arm x hour: hits, and how many of them shadow checks judged (wrong): the strata of the
+# inclusion-weighted shadow estimate (dashboard.control.shadow_estimate).
+SHADOW_STRATA_SQL = f"""
+SELECT e.arm AS arm,
+       intDiv(e.ts_ms, 3600000) AS epoch_hour,
+       count() AS hits,
+       countIf(s.verdict != '') AS checked,
+       countIf(s.verdict = 'wrong') AS wrong
+FROM (
+    SELECT request_id, arm, ts_ms FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND decision = 'hit'
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS s USING (request_id)
+GROUP BY arm, epoch_hour
+ORDER BY arm, epoch_hour
+"""
+
+
 HIT_TIERS_SQL = f"""
 SELECT e.arm AS arm,
        ifNull(e.tier, '') AS tier,
@@ -148,6 +167,7 @@ COLUMNS: dict[str, list[str]] = {
                             "shadow_miss_wrong"],
     SHADOW_LABELLED_SQL: ["arm", "intent_cluster", "decision", "similarity_milli", "correct", "wrong"],
     CANARY_SHADOW_SQL: ["variant", "correct", "wrong"],
+    SHADOW_STRATA_SQL: ["arm", "epoch_hour", "hits", "checked", "wrong"],
     SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],
     JUDGE_VERSIONS_SQL: ["arm", "judge_version", "requests", "hits", "judged", "judge_ms_mean", "judge_ms_p95",
                          "user_correct", "user_wrong", "shadow_correct", "shadow_wrong"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data
-from dashboard.control import processing, verdicts
+from dashboard.control import processing, shadow_estimate, verdicts
 from dashboard.sections.common import NO_DATA, View, bucket_for, optional
 
 
@@ -73,6 +73,16 @@ def verdicts_section(view: View, false_hits) -> None:
                "sample of hits, as good as that check. Near-misses: misses just below the threshold whose "
                "nearest cached answer was compared with the upstream's, the false-hit rate a lower threshold "
                "would add.")
+    strata = optional(view, "shadow_strata", view.filters)
+    estimates = shadow_estimate.estimates_frame(false_hits, strata)
+    if not estimates.empty:
+        st.dataframe(estimates, hide_index=True, column_config={
+            "false_hit_rate": pct("false-hit rate"), "low": pct("95% low"), "high": pct("95% high"),
+            "coverage": pct("hits in checked hours"), "basis": "rests on"})
+        st.caption("Each number says what it rests on. The weighted shadow estimate counts every checked hit "
+                   "by 1 / its inclusion probability (checked / hits in its hour: the sampling share thinned "
+                   "by the check budget), so busy hours are not under-represented; users' verdicts have no "
+                   "known inclusion probability and are shown as they are.")
     curve = verdicts.near_miss_curve(shadow)
     if not curve.empty:
         st.altair_chart(charts.near_miss_curve(curve), use_container_width=True)

@@ -311,6 +311,8 @@ def test_user_and_shadow_verdicts_stay_apart(seeded):
     by = shadow.groupby(["decision", "similarity_milli"])[["correct", "wrong"]].sum()
     assert by.loc[("hit", 930)].tolist() == [0, 1] and by.loc[("hit", 950)].tolist() == [1, 0]
     assert by.loc[("miss", 850)].tolist() == [1, 1] and by.loc[("miss", 810)].tolist() == [0, 1]
+    strata = queries.shadow_strata(client, mine)  # hits per hour and the checked ones: misses never count
+    assert strata[["hits", "checked", "wrong"]].sum().tolist() == [2, 2, 1] and set(strata["arm"]) == {"a"}
     labels = client.query("SELECT verdict FROM feedback_raw FINAL WHERE request_id = {r:String}",
                           parameters={"r": f"{experiment_id}-h1"}).result_rows
     assert labels == [("correct",)]                                       # the user's, not replaced
