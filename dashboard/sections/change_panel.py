@@ -183,7 +183,7 @@ def multi_recommendation(view: View, config, arm: str) -> None:
         return
     st.info(f"Auto-tune recommends score floor **{rec.recommended_floor:.3f}** and answer margin "
             f"**{rec.recommended_margin:.3f}** for {arm}: est. hit rate {pct(rec.recommended_hit_rate)} (now "
-            f"{pct(rec.current_hit_rate)}), false-hit rate {pct(rec.false_hit_rate)} with 95% upper bound "
+            f"{pct(rec.current_hit_rate)}), false-hit rate {pct(rec.false_hit_rate)} with time-uniform 95% upper bound "
             f"{pct(rec.false_hit_upper)} over {rec.labelled} labelled hits, from {rec.decisions} logged decisions "
             f"({rec.reason}). Replayed from the logged mixed scores at the logged cosine gates, never under the "
             f"lowest floor {rec.lowest_floor:.3f} / margin {rec.lowest_margin:.3f} they were logged at.")
