@@ -51,8 +51,8 @@ not retried for a week. Measured, not proven (``python -m bench.autotune_week``:
 re-runs for a simulated week, clustered users at ICC 0.05 / 0.2, hit rates 2-80%, 200 weeks
 each): a truly over-target threshold was promoted in 0-0.5% of weeks (alpha 0.05) and
 recommended as a change in none; explorations try one on a canary by design. Labels are
-taken as a random sample of hits (issue 26, item 4: ``shadow_estimate`` gives a designed
-one, shown on the overview; this rule still reads users' verdicts), and the estimated hit
+taken as a random sample of hits (issue 26, item 4: ``shadow_estimate`` weights shadow checks
+by inclusion probability on the overview; the week above used users' verdicts only), and the estimated hit
 rate holds the cache's contents fixed (a cache stores an entry on each miss, so a lower
 threshold also changes what is stored): every lowering says so (``FIXED_CONTENTS``), and
 its canary is promoted only when the measured hit rate confirms the gain (``canary_gain``).
