@@ -1,0 +1,328 @@
+"""Lookups per second and latency of one cache replica under concurrent clients, two builds side by side.
+
+    python -m bench.front_throughput [--before REF] [--gptcache] [--entries 10000] [--backend onnx-int8]
+                                     [--concurrency 1 32 256] [--seconds 8] [--rounds 3] [--tag NAME]
+
+Each build (the working tree as ``after``; with ``--before REF`` also that git commit, exported with
+``git archive`` into a temporary directory, as ``before``) runs as its own process, the way
+``python -m cache_core.service`` runs it: uvicorn, logging configured from the settings (INFO, one
+access line per request, to a file), open access, a null publisher, ``--entries`` banking77-shaped
+entries (``bench.lookup_latency``'s corpus) in one HNSW partition. A separate driver process (this one)
+keeps N keep-alive connections busy with ``POST /v1/lookup`` (raw HTTP/1.1 on asyncio, so the driver
+itself costs little) for ``--seconds`` per level. Every query is a banking77 test question with a
+round-and-request suffix, so no request is answered from the embedding cache.
+
+``--gptcache`` adds GPTCache's own server (``gptcache_server``, ``POST /get``; its venv from
+bench/setup_gptcache.sh, bench/gptcache_server_side.py) with the same MiniLM weights (its SBERT
+encoder: torch) and the same entries' questions and answers, driven alike in the same rounds.
+
+The builds take turns within each round (order flipped every round), so both see the same machine
+load; the after/before ratios are computed per round and their median printed (a 2-core machine
+shared with other work: compare the ratios, not the absolute figures across runs). A bare encode of
+one query (the model alone, in this process) is timed between levels for the "p50 at concurrency 1
+vs one encode" figure.
+
+Writes bench/results/front_throughput[-TAG].json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
+    """The service under test (run in a child process, ``PYTHONPATH`` at the build's source)."""
+    import uvicorn
+
+    from bench.lookup_latency import NullPublisher, corpus_vectors, fill, registry_for
+    from cache_core.embedding.batching import BatchingEncoder
+    from cache_core.embedding.load import load_embedder
+    from cache_core.logs import configure_logging
+    from cache_core.service.app import create_app
+    from cache_core.service.wiring import build_components
+    from cache_core.settings import CacheSettings, Settings
+    from cache_core.store.faiss import set_search_threads
+
+    settings = Settings(service={"open_access": True})
+    configure_logging(settings.log_level, settings.log_format)
+    embedder = load_embedder(CacheSettings(encoder_backend=backend))
+    texts, answers, vectors = corpus_vectors(embedder, entries)
+    app = create_app(build_components(settings, NullPublisher(), BatchingEncoder(embedder),
+                                      registry=registry_for("hnsw", entries, 0.1)))
+    set_search_threads(2)
+    fill(app.state.components.cache, texts, answers, vectors)
+    set_search_threads(1)
+    profiler = None
+    if profile is not None:
+        from pyinstrument import Profiler
+        profiler = Profiler(interval=0.0005, async_mode="disabled")
+        profiler.start()
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, log_config=None)
+    finally:
+        if profiler is not None:
+            profiler.stop()
+            profile.write_text(flat_profile(profiler.last_session.root_frame()) + "\n\n"
+                               + profiler.output_text(unicode=True, color=False, show_all=False))
+
+
+def flat_profile(root, top: int = 40) -> str:
+    """Self time by function over the whole tree (seconds, the event-loop thread), largest first."""
+    totals: dict[str, float] = {}
+    stack = [(root, None)]
+    while stack:
+        frame, parent = stack.pop()
+        if frame.identifier.startswith("[self]") and parent is not None:
+            name = parent
+        else:
+            name = f"{frame.function} {frame.file_path_short}:{frame.line_no}"
+        children = list(frame.children)
+        totals[name] = totals.get(name, 0.0) + frame.time - sum(c.time for c in children)
+        stack.extend((child, name) for child in children)
+    rows = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return "\n".join(f"{seconds:8.3f}  {name}" for name, seconds in rows)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Build:
+    """One build's service process (``command`` None: a scache build from ``source``)."""
+
+    def __init__(self, name: str, source: Path, args, log_dir: Path, command: list[str] | None = None):
+        self.name, self.port = name, free_port()
+        self.path, self.field = ("/get", "prompt") if command else ("/v1/lookup", "query")
+        env = {**os.environ, "PYTHONPATH": str(source), "SCACHE_SERVICE__OPEN_ACCESS": "true"}
+        if command is None:
+            command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.port),
+                       "--entries", str(args.entries), "--backend", args.backend]
+            if args.profile:
+                command += ["--profile-to", str(RESULTS / f"front_throughput-profile-{name}.txt")]
+        else:
+            command = [*command[:2], str(self.port), *command[2:]]
+            env.pop("PYTHONPATH")
+        self.log = open(log_dir / f"{name}.log", "w")
+        self.process = subprocess.Popen(command, env=env, cwd=source, stdout=self.log, stderr=subprocess.STDOUT)
+
+    async def wait_ready(self, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.process.returncode}; see {self.log.name}")
+            try:
+                path = b"/healthz" if self.path == "/v1/lookup" else b"/"
+                status, _ = await one_shot(self.port, b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(1)
+        raise TimeoutError(f"{self.name} not ready in {timeout_s} s")
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the service process has used so far (all its threads)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)  # uvicorn re-raises it: KeyboardInterrupt, so the profile is written
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    length = next(int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:"))
+    return status, await reader.readexactly(length)
+
+
+async def one_shot(port: int, request: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await read_response(reader)
+    finally:
+        writer.close()
+
+
+def lookup_request(build: Build, query: str, unit: str) -> bytes:
+    body = json.dumps({build.field: query, "unit_id": unit}).encode()
+    return (b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (build.path.encode(), len(body), body))
+
+
+async def drive(build: Build, queries: list[str], tag: str, concurrency: int, seconds: float) -> dict:
+    """``concurrency`` connections, each sending its next lookup as soon as the last is answered."""
+    latencies: list[float] = []
+    errors = {"status": 0, "connection": 0}
+    counter = iter(range(10**9))
+    stop_at = time.perf_counter() + seconds
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", build.port)
+        try:
+            while time.perf_counter() < stop_at:
+                i = next(counter)
+                request = lookup_request(build, f"{queries[i % len(queries)]} ({tag}-{i})", f"u{i}")
+                started = time.perf_counter()
+                writer.write(request)
+                status, _ = await read_response(reader)
+                latencies.append((time.perf_counter() - started) * 1000)
+                if status != 200:
+                    errors["status"] += 1
+        except (OSError, asyncio.IncompleteReadError):
+            errors["connection"] += 1
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*[client() for _ in range(concurrency)])
+    wall = time.perf_counter() - started
+    return {"requests": len(latencies), "lookups_per_s": round(len(latencies) / wall, 1),
+            "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies else None,
+            "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies else None,
+            "max_ms": round(max(latencies), 1) if latencies else None, "errors": errors}
+
+
+def export(ref: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+    target = into / "before"
+    target.mkdir()
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
+    return target
+
+
+def gptcache_command(embedder, args, tmp: Path) -> list[str]:
+    """GPTCache's server, with the questions and answers of the entries the scache builds hold."""
+    from bench.lookup_latency import corpus_vectors
+    from cache_core.embedding.embedder import resolve_model_path
+    from cache_core.settings import CacheSettings
+
+    texts, answers, vectors = corpus_vectors(embedder, args.entries)
+    store = tmp / "gptcache-store.json"
+    store.write_text(json.dumps([[t, str(a)] for t, a in zip(texts, answers)]))
+    np.save(tmp / "gptcache-vectors.npy", vectors)
+    python = subprocess.run(["bash", str(ROOT / "bench" / "setup_gptcache.sh")], check=True,
+                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return [python, str(ROOT / "bench" / "gptcache_server_side.py"), str(store),
+            resolve_model_path(CacheSettings().model), str(tmp / "gptcache-vectors.npy")]
+
+
+def bare_encode_ms(embedder, queries: list[str]) -> float:
+    out = []
+    for q in queries:
+        started = time.perf_counter()
+        embedder.encode([q])
+        out.append((time.perf_counter() - started) * 1000)
+    return statistics.median(out)
+
+
+def ratios(rounds: list[dict], level: str, metric: str, base: str = "before") -> float | None:
+    values = [r["after"][level][metric] / r[base][level][metric] for r in rounds
+              if r[base][level].get(metric) and r["after"][level].get(metric)]
+    return round(statistics.median(values), 2) if values else None
+
+
+async def run(args) -> dict:
+    import pandas as pd
+
+    from cache_core.embedding.load import load_embedder
+    from cache_core.settings import CacheSettings
+    from infra.runtime import BANKING77_DIR
+
+    queries = list(pd.read_csv(BANKING77_DIR / "test.csv").text)
+    embedder = load_embedder(CacheSettings(encoder_backend=args.backend))
+    with tempfile.TemporaryDirectory(prefix="scache-front-") as tmp:
+        sources = {"after": ROOT}
+        if args.before:
+            sources = {"before": export(args.before, Path(tmp)), **sources}
+        builds = {name: Build(name, source, args, Path(tmp)) for name, source in sources.items()}
+        if args.gptcache:
+            builds["gptcache"] = Build("gptcache", ROOT, args, Path(tmp), gptcache_command(embedder, args, Path(tmp)))
+        try:
+            for build in builds.values():
+                await build.wait_ready(1800)
+            for build in builds.values():  # warm-up
+                await drive(build, queries, f"w{build.name}", 4, 2)
+            rounds = []
+            for r in range(args.rounds):
+                order = list(builds) if r % 2 == 0 else list(reversed(builds))
+                result = {name: {} for name in builds}
+                for c in args.concurrency:
+                    result.setdefault("bare_encode_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, queries[:40]), 2)
+                    for name in order:
+                        cpu = builds[name].cpu_s()
+                        level = await drive(builds[name], queries, f"{r}{name}", c, args.seconds)
+                        level["cpu_ms_per_lookup"] = round((builds[name].cpu_s() - cpu) * 1000 / max(level["requests"], 1), 2)
+                        result[name][f"c{c}"] = level
+                        print(json.dumps({"round": r, "build": name, "concurrency": c, **result[name][f"c{c}"]}),
+                              flush=True)
+                rounds.append(result)
+        finally:
+            for build in builds.values():
+                build.stop()
+    out = {"entries": args.entries, "backend": args.backend, "seconds": args.seconds, "before": args.before,
+           "rounds": rounds}
+    if "gptcache" in rounds[0]:
+        out["after_over_gptcache_median"] = {
+            f"c{c}": {m: ratios(rounds, f"c{c}", m, base="gptcache") for m in ("lookups_per_s", "p50_ms", "p99_ms")}
+            for c in args.concurrency}
+    if args.before:
+        out["after_over_before_median"] = {
+            f"c{c}": {m: ratios(rounds, f"c{c}", m) for m in ("lookups_per_s", "p50_ms", "p99_ms", "cpu_ms_per_lookup")}
+            for c in args.concurrency}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", default=None, help="a git commit to compare with the working tree")
+    parser.add_argument("--gptcache", action="store_true", help="GPTCache's server side by side")
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--backend", default="onnx-int8", choices=["torch", "onnx", "onnx-int8"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile each service's event-loop thread (pyinstrument) into bench/results")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        serve(args.serve, args.entries, args.backend, args.profile_to)
+        return
+    out = asyncio.run(run(args))
+    print(json.dumps({k: v for k, v in out.items() if k.endswith("_median")} or out["rounds"][-1], indent=1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tag = f"-{args.tag}" if args.tag else ""
+    (RESULTS / f"front_throughput{tag}.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
