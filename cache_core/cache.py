@@ -248,14 +248,17 @@ class SemanticCache:
         store of the experiment (each arm's own, or the shared one), so that seeding a cache
         warms every arm alike rather than the seeding unit's arm only. Every item is checked
         first: a bad one (InvalidRequest naming its index, UnknownExperiment) stores nothing."""
-        experiments = [self._checked(n, item, len(items)) for n, item in enumerate(items)]
-        started = time.perf_counter()
-        vecs, norms = self._encode_many([item.query for item in items])
-        results: list[list[StoreResult]] = []
-        stored: list[tuple[Partition, CacheEntry]] = []
-        for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
-            req = self._request(experiment, item.unit_id, vec, norm, started, update_clusters=False)
-            results.append([self._store_one(r, item, stored) for r in self._every_arm(req, every_arm)])
+        with self.tracing.span("scache.store", {"scache.items": len(items)}) as span:
+            experiments = [self._checked(n, item, len(items)) for n, item in enumerate(items)]
+            started = time.perf_counter()
+            with self.tracing.span("scache.embed"):
+                vecs, norms = self._encode_many([item.query for item in items])
+            results: list[list[StoreResult]] = []
+            stored: list[tuple[Partition, CacheEntry]] = []
+            for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
+                req = self._request(experiment, item.unit_id, vec, norm, started, update_clusters=False)
+                results.append([self._store_one(r, item, stored) for r in self._every_arm(req, every_arm)])
+            annotate(span, stored=len(stored))
         if stored:
             self.sync_journal()  # acknowledged = durable: fsync before the caller hears "stored"
             if self.entry_feed is not None:

@@ -5,7 +5,8 @@ One trace per HTTP request (``AccessLog`` opens it, following a caller's ``trace
 arm: what RedisVL records on its lookups) and its children ``scache.embed``, ``scache.search``,
 ``scache.decide`` (``scache.judge`` inside it on a judged arm), then ``scache.upstream`` for a miss sent to
 the model and ``scache.publish`` when the decision's event is handed to the publisher (off the request
-path, in the event thread, still in the request's trace).
+path, in the event thread, still in the request's trace). A store is ``scache.store`` (items, stored)
+with its ``scache.embed``.
 
 Off (``none``, the default) every span site costs one attribute check: ``Tracing.span`` returns a shared
 no-op and the SDK is never imported. The SDK comes with the ``otel`` extra; ``otlp`` also needs an OTLP

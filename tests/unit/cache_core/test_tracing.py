@@ -1,13 +1,15 @@
 """OpenTelemetry spans of the request path, read back with the SDK's in-memory exporter: off by default,
 one trace per HTTP request (following a caller's traceparent), the lookup span carrying the decision's
-request id and the nearest similarity, embed / search / decide under it, the upstream call and the
-publish (from the event thread) in the same trace; a missing OTLP exporter is a one-line start error."""
+request id and the nearest similarity, embed / search / decide (judge) under it, the upstream call and the
+publish (from the event thread) in the same trace, a store's span; a missing OTLP exporter is a one-line
+start error."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -60,6 +62,10 @@ def test_off_by_default_and_free():
 
 def test_a_lookup_is_one_trace_with_its_request_id_and_nearest_similarity(traced):
     traced.post("/v1/store", json={"query": "How do I reset my card PIN?", "answer": "In the app.", "unit_id": "u1"})
+    stored = finished(traced)
+    (store,) = stored["scache.store"]
+    assert store.attributes["scache.stored"] == 1 and store.parent.span_id == stored["POST /v1/store"][0].context.span_id
+    assert stored["scache.embed"][0].parent.span_id == store.context.span_id
     traced.spans.clear()
     response = traced.post("/v1/lookup", json={"query": "I forgot my card PIN", "unit_id": "u1"},
                            headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01", "x-request-id": "req-42"})
@@ -124,3 +130,47 @@ def test_the_service_refuses_to_start_with_an_exporter_it_lacks(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "opentelemetry-exporter-otlp-proto-http" in done.stderr and "Traceback" not in done.stderr
+
+
+class FakeEncoder:
+    """The judge tests' hashed-word vectors as an Embedder."""
+
+    dim = 16
+
+    def encode_with_norms(self, texts):
+        from tests.unit.cache_core.decision.test_judge import fake_encode
+
+        vecs = fake_encode(list(texts)).astype("float32")
+        return vecs, np.ones(len(vecs), dtype="float32")
+
+    def encode(self, texts):
+        return self.encode_with_norms(texts)[0]
+
+
+def test_a_judged_arm_has_a_judge_span_inside_decide(tmp_path):
+    from cache_core.cache import SemanticCache
+    from cache_core.decision.judge import shelf_judges
+    from cache_core.decision.judge_model import JudgeShelf
+    from cache_core.decision.judge_train import train
+    from cache_core.decision.rule import HitRule
+    from cache_core.experiments import ArmConfig, JudgeConfig
+    from cache_core.registry import ExperimentRegistry
+    from tests.unit.cache_core.decision.test_judge import fake_encode, fake_tokens, labelled_pairs
+    from tests.unit.cache_core.helpers import experiment
+
+    train(labelled_pairs(), [], fake_encode, fake_tokens, version="t1", encoder="fake", seed=3).save(tmp_path)
+    spans = InMemorySpanExporter()
+    tracing = build_tracing(TracingSettings(), exporter=spans)
+    exp = experiment(ArmConfig(name="a", threshold=0.1, judge=JudgeConfig(version="t1")))
+    cache = SemanticCache(FakeEncoder(), ExperimentRegistry({exp.experiment_id: exp}), tracing=tracing,
+                          hit_rule=HitRule(judges=shelf_judges(JudgeShelf(tmp_path, tokens=lambda: fake_tokens))))
+    cache.store("how do i reset my card", "Use the app.", unit_id="u1")
+    spans.clear()
+    result = cache.lookup("how can i reset my card", unit_id="u1")
+    by_name = {span.name: span for span in spans.get_finished_spans()}
+    judge, decide, lookup = by_name["scache.judge"], by_name["scache.decide"], by_name["scache.lookup"]
+    assert judge.parent.span_id == decide.context.span_id and decide.parent.span_id == lookup.context.span_id
+    assert judge.attributes["scache.judge_version"] == "t1" == result.judge_version
+    assert judge.attributes["scache.judge_probability"] == pytest.approx(result.judge_probability)
+    assert lookup.attributes["scache.similarity"] == pytest.approx(result.similarity)
+    tracing.shutdown()
