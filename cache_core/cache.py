@@ -37,7 +37,9 @@ from cache_core.events import Verdict
 from cache_core.experiments import HOLDOUT_ARM, ExperimentConfig, assign
 from cache_core.registry import ExperimentRegistry
 from cache_core.state.changes import Origin, StateApplier, StateChange, Vote
+from cache_core.decision.error_bound import Judged
 from cache_core.state.feedback import ServedHit, ServedHits
+from cache_core.state.learning import LookupsToLearnFrom
 from cache_core.store.factory import Backends
 from cache_core.store.partition import Partition
 from cache_core.store.stores import Stores
@@ -90,6 +92,8 @@ class SemanticCache:
         self.state = StateApplier(self)
         self.served = ServedHits(feedback_memory)
         """Recent hits by request id, for feedback (``apply_feedback``)."""
+        self.learnable = LookupsToLearnFrom(feedback_memory)
+        """Recent lookups of error-bounded arms by request id, for their verdicts (``learn``)."""
         self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
         """(experiment, arm, outcome) -> verdicts on the hits served here."""
         self._feedback_lock = threading.Lock()
@@ -195,7 +199,8 @@ class SemanticCache:
             ts_ms=int(now * 1000), latency_ms=(time.perf_counter() - req.started) * 1000,
             similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
             judge_version=decision.judge_version, judge_probability=decision.judge_probability,
-            judge_ms=decision.judge_ms, ttl_fields=ttl_fields, tier=tier)
+            judge_ms=decision.judge_ms, threshold_source=decision.threshold_source, ttl_fields=ttl_fields,
+            tier=tier)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)
@@ -204,6 +209,10 @@ class SemanticCache:
                                                               outcome.mark)
         pending = self.emitter.hand_off(record)
         served = decision.served.entry if decision.hit else None
+        if decision.threshold_source is not None and shown is not None:  # an error-bounded arm
+            self.learnable.remember(req.request_id, Judged(
+                req.experiment.experiment_id, req.arm_name, shown.entry.entry_id, shown.entry.intent_cluster,
+                float(shown.similarity), False))
         if served is not None:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
                                                            req.arm_name, served.entry_id, unit_id))
@@ -353,6 +362,13 @@ class SemanticCache:
             counted = (hit.experiment_id, hit.arm, outcome)
             self.feedback_outcomes[counted] = self.feedback_outcomes.get(counted, 0) + 1
         return outcome
+
+    def learn(self, request_id: str, verdict: Verdict) -> str:
+        """Teach an error-bounded arm a verdict (user or shadow) on one of its lookups made here
+        (cache_core.state.learning): "judged", or "unknown" (not such a lookup of this replica's,
+        or judged already)."""
+        judged = self.learnable.judged(request_id, verdict == "wrong")
+        return "unknown" if judged is None else self.apply(judged, "local")
 
     def attach_journal(self, journal) -> None:
         """Log every later insert/removal of every partition (existing and new) to ``journal``."""

@@ -64,6 +64,7 @@ class LookupRecord:
     judge_ms: float | None = None
     tier: str | None = None
     """The store tier that served the hit ("memory" / "disk"); None on a miss."""
+    threshold_source: str | None = None
     ttl_fields: dict = field(default_factory=dict)
     """Adaptive-TTL arms: the prediction and its inputs (``cache_core.adaptive_ttl.event_fields``)."""
 
@@ -75,7 +76,7 @@ class LookupRecord:
         return LookupResult(
             request_id=req.request_id, decision=self.decision, hit=served is not None,
             answer=served.answer if served else None, similarity=self.similarity,
-            threshold=self.threshold, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
+            threshold=self.threshold, threshold_source=self.threshold_source, experiment_id=req.experiment.experiment_id, arm=req.arm_name,
             config_version=req.experiment.version, intent_cluster=req.cluster,
             entry_id=served.entry_id if served else None, pending=pending,
             provenance={"source": served.provenance_source, "version": served.provenance_version}
@@ -145,7 +146,8 @@ class EventEmitter:
             arm=req.arm_name, unit_id=record.unit_id, assignment_prob=req.assignment_prob,
             partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
             variant=req.variant, guard=record.guard, decision=record.decision,
-            hit=record.decision == "hit", threshold=record.threshold, similarity=record.similarity,
+            hit=record.decision == "hit", threshold=record.threshold,
+            threshold_source=record.threshold_source, similarity=record.similarity,
             similarity_mode=record.similarity_mode, score=record.score,
             score_margin=record.score_margin, judge_version=record.judge_version,
             judge_probability=record.judge_probability, judge_ms=record.judge_ms,

@@ -62,6 +62,10 @@ class CacheEvent(BaseModel):
     "audio", "web_search", "no_text"; docs/proxy.md); null for a holdout arm's bypass and the others."""
     hit: bool = False
     threshold: float | None = None
+    threshold_source: str | None = None
+    """Arms with an error-bounded threshold policy (cache_core.decision.error_bound): which level
+    learnt ``threshold`` ("entry", "cluster", "arm") or "static" (too few verdicts yet: the arm's
+    configured one). Null on arms with a global threshold."""
     similarity: float | None = None
     """Top-1 similarity, logged on hits and misses alike (null if the index was empty)."""
     similarity_mode: SimilarityKind = "cosine"
@@ -180,6 +184,18 @@ class WrongVote(BaseModel):
     serves several arms)."""
 
 
+class JudgedLookup(BaseModel):
+    """A verdict on the entry a lookup of an error-bounded arm served or found nearest
+    (cache_core.decision.error_bound.Judged), on the entries topic, so every replica learns
+    the same thresholds. The entry is the message's ``entry_id``, its experiment ``experiment_id``."""
+
+    arm: str = Field(min_length=1)
+    cluster: int
+    """The entry's intent cluster."""
+    similarity: float = Field(ge=-1.01, le=1.01, allow_inf_nan=False)
+    wrong: bool
+
+
 class ClusterModelPayload(BaseModel):
     """A retrained intent-cluster model (``cache_core.clusters.ClusterModel``) on the entries topic,
     or the model in use re-sent so the topic keeps it (a refresh, see cache_core.clusters)."""
@@ -217,11 +233,12 @@ class EntryMessage(BaseModel):
     replica from before "vote" keeps counting only its own verdicts, as it always did)."""
 
     schema_version: int = SCHEMA_VERSION
-    change: Literal["put", "clear", "purge", "drop", "vote", "cluster", "clusters"]
+    change: Literal["put", "clear", "purge", "drop", "vote", "judged", "cluster", "clusters"]
     """put: an entry stored; clear: a namespace cleared; purge: a namespace's entries of one
     provenance source (and version) or one question removed (``purge``); drop: an entry taken
     out of service by feedback (``entry_id``); vote: a unit's "wrong" verdict on an entry that stays
-    in service for now (``entry_id``, ``vote``); cluster: an intent cluster opened (``cluster_id``, centroid in
+    in service for now (``entry_id``, ``vote``); judged: a verdict an error-bounded arm learns
+    from (``entry_id``, ``judged``); cluster: an intent cluster opened (``cluster_id``, centroid in
     ``embedding``); clusters: a retrained model (``clusters``)."""
     origin: str = Field(min_length=1)
     """Instance id of the replica that made the change."""
@@ -241,6 +258,7 @@ class EntryMessage(BaseModel):
     entry_id: str | None = None
     purge: PurgeMatch | None = None
     vote: WrongVote | None = None
+    judged: JudgedLookup | None = None
     cluster_id: int | None = None
     clusters: ClusterModelPayload | None = None
 
@@ -255,6 +273,8 @@ class EntryMessage(BaseModel):
                      "namespace, experiment_id, arm_key and entry_id"),
             "vote": (self.entry_id and self.experiment_id and self.arm_key and self.namespace
                      and self.vote is not None, "namespace, experiment_id, arm_key, entry_id and vote"),
+            "judged": (self.entry_id and self.experiment_id and self.judged is not None,
+                       "experiment_id, entry_id and judged"),
             "cluster": (self.cluster_id is not None and self.embedding, "cluster_id and embedding"),
             "clusters": (self.clusters is not None, "clusters"),
         }[self.change]

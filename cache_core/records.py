@@ -98,6 +98,8 @@ class LookupResult:
     """The judge that decided (None: no judge on this arm)."""
     judge_probability: float | None = None
     """Its probability for the most probable candidate (CacheEvent.judge_probability)."""
+    threshold_source: str | None = None
+    """Error-bounded arms: which level learnt ``threshold`` (CacheEvent.threshold_source)."""
     nearest_answer: str | None = None
     """On a miss: the answer of the nearest candidate (the one ``similarity`` is about), for a
     shadow check of a near-miss (``cache_core.shadow``); None on a hit (``answer`` is it)."""

@@ -136,9 +136,18 @@ class HitRule:
                   variant: Variant, own: list[float] | None = None) -> Decision:
         """Candidates that may be served, best first: by cosine (against ``own``, each candidate's
         threshold, when given), or re-ranked (multi: ``threshold``, the nearest candidate's, for all)."""
+        if arm.similarity == "cosine" and own is not None:
+            # Only a prefix: a candidate its own threshold refuses also blocks the less similar ones
+            # (verdicts measure the nearest candidate; serving the next one instead is another,
+            # worse population, the fall-through the guards showed on held-out data).
+            eligible = []
+            for candidate, cut in zip(candidates, own):
+                if candidate.similarity < cut:
+                    break
+                eligible.append(candidate)
+            return Decision(threshold, eligible=eligible)
         if arm.similarity == "cosine":
-            cuts = own if own is not None else [threshold] * len(candidates)
-            return Decision(threshold, eligible=[c for c, cut in zip(candidates, cuts) if c.similarity >= cut])
+            return Decision(threshold, eligible=[c for c in candidates if c.similarity >= threshold])
         multi = multi_for(arm, variant)
         ranked = rank(query, [c.entry.query for c in candidates],
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],

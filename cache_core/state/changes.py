@@ -10,6 +10,11 @@ a time) and ``Vote`` (a unit's "wrong" verdict on an entry). Origins:
 * ``replica``: another replica's change from the entries topic (cache_core.state.replication):
   this replica's capacity and LRU apply, removals are made durable, and an entry feedback
   took out here is not brought back by a late put;
+``Judged`` (a verdict on the entry a lookup of an error-bounded arm served or found nearest,
+at its similarity: cache_core.decision.error_bound, cache_core.state.learning) is recorded in
+the hit rule's ``VerdictBook`` from every origin; a local or replica one is logged, a local one
+sent to the other replicas.
+
 * ``local``: a verdict on a hit this replica served (cache_core.state.feedback): at the
   arm's ``invalidate_after_wrong`` units the entry is removed here and (a drop) on the
   other replicas; a vote that does not remove it goes to them too, so the limit counts
@@ -26,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from cache_core.decision.error_bound import Judged
 from cache_core.experiments import ArmConfig
 from cache_core.registry import UnknownExperiment
 from cache_core.state.feedback import ServedHit, log_invalidation
@@ -80,7 +86,7 @@ class Vote:
     """Local votes: the request the hit answered (for the log)."""
 
 
-StateChange = Put | Remove | Clear | Purge | Vote
+StateChange = Put | Remove | Clear | Purge | Vote | Judged
 
 
 class StateApplier:
@@ -94,6 +100,8 @@ class StateApplier:
         self._dropped_lock = threading.Lock()
 
     def apply(self, change: StateChange, origin: Origin) -> str:
+        if isinstance(change, Judged):
+            return self._judged(change, origin)
         if origin == "log":
             return self._replay(change)
         if isinstance(change, Put):
@@ -110,6 +118,18 @@ class StateApplier:
         if isinstance(change, Vote):
             return self._local_vote(change) if origin == "local" else self._vote(change)
         raise TypeError(f"not a state change: {change!r}")
+
+    def _judged(self, change: Judged, origin: Origin) -> str:
+        """Outcomes: replayed (from the log) or judged."""
+        cache = self.cache
+        cache.hit_rule.verdicts.record(change)
+        if origin == "log":
+            return "replayed"
+        if cache.journal is not None:  # durable with the next sync, like a vote
+            cache.journal.record_judged(change)
+        if origin == "local" and cache.entry_feed is not None:
+            cache.entry_feed.judged(change)
+        return "judged"
 
     # -- as logged ----------------------------------------------------------------------
 

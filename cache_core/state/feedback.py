@@ -149,7 +149,7 @@ class FeedbackFollower(TopicFollower):
                  max_age_s: float = 3600.0, checkpoint_s: float = 0.0, clock=None,
                  poll_timeout_s: float = 0.5, retry_s: float = 1.0):
         super().__init__(kafka, kafka.feedback_topic, poll_timeout_s=poll_timeout_s, retry_s=retry_s,
-                         counters=(*OUTCOMES, "malformed", "restored_hits", "resumed", "checkpoints"))
+                         counters=(*OUTCOMES, "malformed", "restored_hits", "resumed", "checkpoints", "judged"))
         self.checkpoint_s = checkpoint_s
         self.cache = cache
         self.state_path = Path(state_dir) / STATE_FILE if state_dir is not None else None
@@ -183,6 +183,8 @@ class FeedbackFollower(TopicFollower):
         event = self.parse(FeedbackEvent, record, tp)
         # Shadow verdicts (cache_core.shadow) are measurements: they neither take an entry out nor
         # settle the hit, so a user's later verdict on the same request still counts.
+        if event is not None and self.cache.learn(event.request_id, event.verdict) == "judged":
+            self._counts["judged"] += 1  # an error-bounded arm's lookup made here (cache_core.state.learning)
         if event is not None and event.source == "user":
             self._counts[self.cache.apply_feedback(event.request_id, event.verdict)] += 1
         elif event is not None:

@@ -6,11 +6,13 @@ Layout under the snapshot directory (one process owns it; an flock enforces that
   ``<crc32 hex> <json>``: ``put`` (partition key, entry metadata, embedding as
   base64 float32), ``remove`` (key, entry id), ``clear`` (namespace) or ``vote``
   (key, entry id, unit: a "wrong" verdict counted toward the entry's removal,
-  cache_core.state.feedback).
+  cache_core.state.feedback) or ``judged`` (a verdict an error-bounded arm learns its
+  thresholds from, cache_core.decision.error_bound).
 * ``snap-00000007/`` — a snapshot: ``entries.npy`` (n x dim float32),
   ``entries.json`` (partition key + metadata per row, in LRU order, with the
   units that said "wrong" of it, ``wrong_units``, when there are any) and the
-  intent clusters (``clusters.npy`` / ``clusters.json``).
+  intent clusters (``clusters.npy`` / ``clusters.json``) and the verdicts error-bounded arms
+  learn from (``verdicts.json``: bounded windows per arm, cluster and entry).
 * ``CURRENT`` — names the latest complete snapshot and the first log segment
   that must be replayed after it (written by atomic rename).
 
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from cache_core.durable import fsync_dir, replace_durably
+from cache_core.decision.error_bound import Judged
 from cache_core.state.changes import Clear, Put, Remove, Vote
 from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, persisted_meta
 
@@ -136,6 +139,10 @@ class Journal:
 
     def record_vote(self, key: tuple[str, str, str], entry_id: str, unit_id: str) -> None:
         self._append({"op": "vote", "key": list(key), "id": entry_id, "unit": unit_id})
+
+    def record_judged(self, judged: Judged) -> None:
+        self._append({"op": "judged", "exp": judged.experiment_id, "arm": judged.arm, "id": judged.entry_id,
+                      "cluster": judged.cluster, "sim": judged.similarity, "wrong": judged.wrong})
 
     def sync(self) -> None:
         """fsync the current segment if anything was written since the last sync."""
@@ -321,6 +328,8 @@ class Persistence:
         state = cache.clusters.export_state()
         self._write(tmp / "clusters.npy", lambda f: np.save(f, state.pop("centroids")))
         self._write(tmp / "clusters.json", lambda f: f.write(json.dumps(state).encode()))
+        verdicts = cache.hit_rule.verdicts.export_state()
+        self._write(tmp / "verdicts.json", lambda f: f.write(json.dumps(verdicts, separators=(",", ":")).encode()))
         fsync_dir(tmp)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(tmp, target)
@@ -374,6 +383,12 @@ class Persistence:
             state = json.loads(clusters_json.read_text())
             state["centroids"] = np.load(snap / "clusters.npy")
             cache.clusters.load_state(state)
+        verdicts_json = snap / "verdicts.json"  # absent in snapshots from before error-bounded arms
+        if verdicts_json.exists():
+            try:
+                cache.hit_rule.verdicts.load_state(json.loads(verdicts_json.read_text()))
+            except (TypeError, AttributeError) as exc:  # KeyError / ValueError: PersistenceError as the rest
+                raise ValueError(f"verdicts.json: {exc}") from exc
         return len(rows)
 
     @staticmethod
@@ -396,6 +411,9 @@ class Persistence:
                     cache.apply(Clear(record["namespace"]), "log")
                 elif op == "vote":
                     cache.apply(Vote(tuple(record["key"]), record["id"], record["unit"]), "log")
+                elif op == "judged":
+                    cache.apply(Judged(record["exp"], record["arm"], record["id"], int(record["cluster"]),
+                                       float(record["sim"]), bool(record["wrong"])), "log")
                 report.replayed_records += 1
 
     # -- internals ----------------------------------------------------------------------

@@ -26,6 +26,9 @@ topic (``EntryFollower``), applying the others' changes:
   the entry, durably, once they reach the serving arm's limit (``voted_out``; no drop is
   sent, since every replica counts the same votes). So the limit counts the units served
   by any replica. A drop or vote for an entry that is gone already counts ``duplicate``.
+* judged is a verdict an error-bounded arm learns its thresholds from (cache_core.state.learning):
+  every other replica records it (``judged``), so all learn the same thresholds; the own echo
+  is skipped (recorded and logged when it was made). Not an entry change: the entry may be gone.
 
 A replica's own changes come back to it too: normally already applied (counted as
 ``own``), but after a restart without persistence they give it back its own entries.
@@ -81,7 +84,8 @@ from pydantic import ValidationError
 
 from cache_core.clusters import ClusterModel
 from cache_core.records import EntryMatch, InvalidRequest
-from cache_core.events import ClusterModelPayload, EntryMessage, PurgeMatch, WrongVote
+from cache_core.decision.error_bound import Judged
+from cache_core.events import ClusterModelPayload, EntryMessage, JudgedLookup, PurgeMatch, WrongVote
 from cache_core.state.follower import TopicFollower
 from cache_core.state.changes import Clear, Purge, Put, Remove, Vote
 from cache_core.state.codec import decode_vec, encode_vec, entry_from_meta, entry_meta
@@ -94,7 +98,7 @@ OFFSETS_FILE = "replication-offsets.json"
 PURGES_REMEMBERED = 64  # per namespace: a put created before one of them but delivered after it is dropped
 SAVE_EVERY_S = 1.0
 OUTCOMES = ("applied", "duplicate", "stale", "expired", "too_large", "cleared_before", "clears",
-            "purges", "purged_before", "dropped", "votes", "voted_out", "clusters", "own", "other_model",
+            "purges", "purged_before", "dropped", "votes", "voted_out", "judged", "clusters", "own", "other_model",
             "dropped_before", "unknown_change", "malformed")
 # A change kind a newer replica produces during a rolling upgrade: skipped and counted, logged once per kind.
 KNOWN_CHANGES = frozenset(typing.get_args(EntryMessage.model_fields["change"].annotation))
@@ -128,6 +132,13 @@ class EntryFeed:
         self.publisher.publish_entry(EntryMessage(
             change="vote", origin=self.instance_id, namespace=namespace, experiment_id=experiment_id,
             arm_key=arm_key, entry_id=entry_id, vote=WrongVote(unit_id=unit_id, arm=arm)))
+
+    def judged(self, judged: Judged) -> None:
+        """A verdict an error-bounded arm learnt from here (cache_core.state.learning)."""
+        self.publisher.publish_entry(EntryMessage(
+            change="judged", origin=self.instance_id, experiment_id=judged.experiment_id, entry_id=judged.entry_id,
+            judged=JudgedLookup(arm=judged.arm, cluster=judged.cluster, similarity=judged.similarity,
+                                wrong=judged.wrong)))
 
     def purged(self, namespace: str, purged_at: float, match: EntryMatch) -> None:
         self.publisher.publish_entry(EntryMessage(change="purge", origin=self.instance_id, namespace=namespace,
@@ -343,6 +354,10 @@ class EntryFollower(TopicFollower):
                 Vote((message.namespace, message.experiment_id, message.arm_key), message.entry_id,
                      message.vote.unit_id, message.experiment_id, message.vote.arm), "replica")
             return "own" if own else outcome
+        if message.change == "judged":  # our own was recorded (and logged) when it was made
+            return "own" if own else self.cache.apply(Judged(
+                message.experiment_id, message.judged.arm, message.entry_id, message.judged.cluster,
+                message.judged.similarity, message.judged.wrong), "replica")
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
 

@@ -28,6 +28,7 @@ def feedback(body: FeedbackRequest, cache: CacheDep, metrics: MetricsDep, publis
         log.exception("publish_feedback failed", extra={"request_id": body.request_id})
         return JSONResponse(status_code=503, content={"detail": "feedback could not be queued"})
     metrics.feedback.labels(body.verdict).inc()
+    cache.learn(body.request_id, body.verdict)  # error-bounded arms learn from user and shadow verdicts alike
     if body.source != "user":  # a shadow verdict measures; only users take entries out of service
         return {"accepted": True, "request_id": body.request_id, "outcome": "not_applied"}
     # A hit served here is settled now; the others' hits through their feedback followers.

@@ -12,7 +12,7 @@ from cache_core.decision.rule import HitRule
 from cache_core.experiments import ArmConfig, CanaryConfig, ErrorBoundedThresholds, verdicts_to_certify
 from cache_core.records import CacheEntry, Candidate
 
-POLICY = ErrorBoundedThresholds(delta=0.05)
+POLICY = ErrorBoundedThresholds(delta=0.05, confidence=0.9)
 
 
 def p_wrong(s: np.ndarray, boundary: float) -> np.ndarray:
@@ -84,7 +84,8 @@ def test_the_option_is_validated_with_clear_errors():
         ArmConfig(name="a", threshold_policy={"kind": "error_bounded"})
     with pytest.raises(ValidationError, match="does not match any of the expected tags"):
         ArmConfig(name="a", threshold_policy={"kind": "errorbound", "delta": 0.05})
-    with pytest.raises(ValidationError, match="needs at least 45 verdicts"):
+    assert ErrorBoundedThresholds(delta=0.05).verdicts_needed == 59
+    with pytest.raises(ValidationError, match="needs at least 59 verdicts"):
         ArmConfig(name="a", threshold_policy={"kind": "error_bounded", "delta": 0.05, "min_verdicts": 10})
     with pytest.raises(ValidationError, match="delta"):
         ArmConfig(name="a", threshold_policy={"kind": "error_bounded", "delta": 0.7})
@@ -105,12 +106,15 @@ def test_decide_uses_each_candidates_learnt_threshold_and_reports_its_source():
         rule.verdicts.record(Judged("e", "a", f"y{i}", 0, 0.70 + i * 0.001, False))
     for _ in range(45):
         rule.verdicts.record(Judged("e", "a", "bad", 1, 0.99, True))
-    bounded = ArmConfig(name="a", threshold=0.9, threshold_policy={"kind": "error_bounded", "delta": 0.05})
-    decision = rule.decide("q", [candidate("bad", 0.95), candidate("good", 0.75)], bounded, 0, experiment_id="e")
+    bounded = ArmConfig(name="a", threshold=0.9, threshold_policy={"kind": "error_bounded", "delta": 0.05,
+                                                                    "confidence": 0.9})
+    decision = rule.decide("q", [candidate("good", 0.75), candidate("bad", 0.95)], bounded, 0, experiment_id="e")
     assert decision.served.entry.entry_id == "good"
     assert (decision.threshold, decision.threshold_source) == (pytest.approx(0.70), "cluster")
-    miss = rule.decide("q", [candidate("bad", 0.95)], bounded, 0, experiment_id="e")
-    assert not miss.hit and (miss.threshold, miss.threshold_source) == (NOTHING_SAFE, "entry")
+    # A refused nearer candidate blocks the less similar ones: no fall-through to "good".
+    miss = rule.decide("q", [candidate("bad", 0.95), candidate("good", 0.75)], bounded, 0, experiment_id="e")
+    assert not miss.hit and miss.eligible == []
+    assert (miss.threshold, miss.threshold_source) == (NOTHING_SAFE, "entry")
     static = rule.decide("q", [candidate("good", 0.75)], ArmConfig(name="a", threshold=0.9), 0, experiment_id="e")
     assert not static.hit and static.threshold == 0.9 and static.threshold_source is None
     canary = bounded.model_copy(update={"canary": CanaryConfig(threshold=0.8, share=0.5)})

@@ -1,0 +1,47 @@
+"""Verdicts that teach error-bounded arms their thresholds (cache_core.decision.error_bound).
+
+A verdict names a request, not an entry or a similarity. So for its lookups on arms with an
+``error_bounded`` threshold policy the cache remembers which entry was served or, on a miss,
+found nearest, of which intent cluster and at what similarity (``LookupsToLearnFrom``,
+bounded; other arms cost nothing). The first verdict on such a request, user or shadow (a
+shadow check of a hit or of a near-miss), becomes a ``Judged`` change applied through
+``SemanticCache.apply`` with origin "local": the replica that made the lookup records it,
+logs it (write-ahead log, snapshot) and sends it on the entries topic, where the other
+replicas apply it as "replica". Later verdicts on the same request are not counted again
+(a shadow check and a user's word on one lookup are one observation, not two).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from cache_core.decision.error_bound import Judged
+
+
+class LookupsToLearnFrom:
+    """The last ``capacity`` lookups of error-bounded arms by request id, as verdict-less
+    ``Judged`` changes (oldest forgotten first); thread-safe."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._lookups: OrderedDict[str, Judged] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._lookups)
+
+    def remember(self, request_id: str, lookup: Judged) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._lookups[request_id] = lookup
+            if len(self._lookups) > self.capacity:
+                self._lookups.popitem(last=False)
+
+    def judged(self, request_id: str, wrong: bool) -> Judged | None:
+        """The lookup ``request_id`` was, with the verdict, forgotten at once; None if unknown."""
+        with self._lock:
+            lookup = self._lookups.pop(request_id, None)
+        if lookup is None:
+            return None
+        return Judged(lookup.experiment_id, lookup.arm, lookup.entry_id, lookup.cluster, lookup.similarity, wrong)
