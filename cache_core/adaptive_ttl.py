@@ -143,12 +143,42 @@ class AdaptiveTtl:
         self.observations += 1
 
 
+GHOSTS = 2048
+"""Expired entries a store remembers (vector, last use, context) to see the reuse gaps that
+outlived them (see ``StoreLifetime.ghosts``)."""
+
+
 class StoreLifetime:
-    """One store's traffic statistics and model."""
+    """One store's traffic statistics and model, and the ghosts of its expired entries.
+
+    Ghosts: without them a reuse gap longer than the entry's lifetime is seen only when a lookup
+    meets the expired entry before the expiry sweep removes it, rare with a sweep every few
+    seconds, so the model learnt ever shorter lifetimes (bench/ttl_replay.py: 19 s on average,
+    a quarter of a fixed 300 s TTL's hits). An entry the sweep removes leaves a ghost; a later
+    miss whose nearest ghost is at or above the threshold observes the gap since the ghost's
+    last use (once per ghost), as a lookup meeting the expired entry would have."""
 
     def __init__(self, min_s: float, max_s: float):
         self.traffic = TrafficStats()
         self.model = AdaptiveTtl(min_s, max_s)
+        self.ghosts: deque[tuple[np.ndarray, float, TtlContext | None, str | None]] = deque(maxlen=GHOSTS)
+
+    def remember(self, entry: CacheEntry) -> None:
+        context = entry.ttl_context if isinstance(entry.ttl_context, TtlContext) else None
+        self.ghosts.append((np.asarray(entry.embedding, dtype=np.float32),
+                            entry.last_hit_at or entry.created_at, context, entry.scope))
+
+    def nearest_ghost(self, vec: np.ndarray, scope: str | None, threshold: float) -> int | None:
+        """Index of the nearest ghost of ``scope`` at or above ``threshold`` (None: none)."""
+        if not self.ghosts:
+            return None
+        sims = np.stack([g[0] for g in self.ghosts]) @ np.asarray(vec, dtype=np.float32)
+        for i in np.argsort(-sims):
+            if sims[i] < threshold:
+                return None
+            if self.ghosts[i][3] == scope:
+                return int(i)
+        return None
 
     def context(self, now: float, pressure: float, entry_hits: int) -> TtlContext:
         return TtlContext(rate_volatility=round(self.traffic.volatility(now), 6),
@@ -185,9 +215,11 @@ class AdaptiveLifetimes:
         return max(len(partition) / partition.capacity_entries, partition.bytes / partition.capacity_bytes)
 
     def after_lookup(self, partition: Partition, arm: ArmConfig, outcome: SearchOutcome,
-                     threshold: float | None, served: CacheEntry | None, now: float) -> dict:
+                     threshold: float | None, served: CacheEntry | None, now: float,
+                     vec: np.ndarray | None = None, scope: str | None = None) -> dict:
         """After a lookup's decision, before ``served`` is touched: learn from the reuse gaps it
-        revealed (the hit, and candidates met expired at or above the threshold), give the served
+        revealed (the hit, candidates met expired at or above the threshold, or on a miss the
+        nearest ghost of an entry the sweep removed, given the query's ``vec``), give the served
         entry its renewed TTL. Returns the event fields (none on other arms)."""
         life = self.of(partition, arm)
         if life is None:
@@ -201,11 +233,23 @@ class AdaptiveLifetimes:
             context = entry.ttl_context if isinstance(entry.ttl_context, TtlContext) else \
                 life.context(now, pressure, entry.hit_count)
             life.model.observe(context, now - (entry.last_hit_at or entry.created_at))
+        if served is None and not wanted and threshold is not None and vec is not None:
+            ghost = life.nearest_ghost(vec, scope, threshold)
+            if ghost is not None:  # a reuse that outlived its entry
+                _vec, last_use, ghost_context, _scope = life.ghosts[ghost]
+                del life.ghosts[ghost]
+                life.model.observe(ghost_context or life.context(now, pressure, 0), now - last_use)
         context = life.context(now, pressure, served.hit_count + 1 if served is not None else 0)
         predicted = life.model.predict(context)
         if served is not None and served.ttl_policy == "adaptive":
             served.ttl_s, served.ttl_context = predicted, context
         return event_fields(predicted, context)
+
+    def expired(self, key: tuple[str, str, str], entry: CacheEntry) -> None:
+        """The expiry sweep removed ``entry`` of store ``key``: remember its ghost (adaptive arms)."""
+        life = self._stores.get(key)
+        if life is not None and entry.ttl_policy == "adaptive":
+            life.remember(entry)
 
     def on_store(self, partition: Partition, arm: ArmConfig, entry: CacheEntry, explicit_ttl: bool,
                  now: float) -> None:

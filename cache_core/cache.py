@@ -181,14 +181,14 @@ class SemanticCache:
                 with tracing.span("scache.decide"):
                     decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
                                                     experiment_id=req.experiment.experiment_id)
-                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now)
+                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now, req.vec, scope)
         if judged:  # a judge reads the encoder (milliseconds): not while holding the store's lock
             with tracing.span("scache.decide"), tracing.span("scache.judge") as span:
                 decision = self.hit_rule.decide(query, outcome.candidates, arm, req.cluster, req.variant,
                                                 experiment_id=req.experiment.experiment_id)
                 annotate(span, judge_version=decision.judge_version, judge_probability=decision.judge_probability)
             with partition.lock:
-                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now)
+                ttl_fields, tier = self._touch(partition, decision, outcome, arm, now, req.vec, scope)
         shown = decision.served or outcome.best
         snapshot = entry_snapshot(shown, now)
         record = LookupRecord(
@@ -218,7 +218,8 @@ class SemanticCache:
                                                            req.arm_name, served.entry_id, unit_id))
         return record.result(pending, served, nearest=shown.entry if shown is not None else None)
 
-    def _touch(self, partition: Partition, decision, outcome, arm, now: float) -> tuple[dict, str | None]:
+    def _touch(self, partition: Partition, decision, outcome, arm, now: float, vec=None,
+               scope: str | None = None) -> tuple[dict, str | None]:
         """Under the store's lock, after the decision: the adaptive TTL learns from the lookup and
         renews the served entry's lifetime, then the served entry (if still there) is touched
         (promoted, if it was on disk). Returns the adaptive TTL's event fields (none on other arms)
@@ -227,7 +228,8 @@ class SemanticCache:
         if served is not None and not partition.holds(served.entry_id):
             served = None  # removed while a judge ran
         tier = None if served is None else "memory" if served.entry_id in partition.entries else "disk"
-        ttl_fields = self.lifetimes.after_lookup(partition, arm, outcome, decision.threshold, served, now)
+        ttl_fields = self.lifetimes.after_lookup(partition, arm, outcome, decision.threshold, served, now,
+                                                 vec=vec, scope=scope)
         if served is not None:
             partition.touch(served, now)
         return ttl_fields, tier
@@ -340,7 +342,8 @@ class SemanticCache:
     def drop_expired(self) -> int:
         """Remove entries that are no longer alive (after a restore, and by the sweeper)."""
         now = self.clock()
-        return self.stores.remove_where(lambda e: not e.alive(now), cold=False) + self.stores.drop_expired_cold(now)
+        swept = self.stores.remove_where(lambda e: not e.alive(now), cold=False, on_removed=self.lifetimes.expired)
+        return swept + self.stores.drop_expired_cold(now)
 
     # -- state changes: persistence, replication, feedback (cache_core.state) -----------
 

@@ -146,17 +146,20 @@ class Stores:
                 partition.drop_disk()
 
     def remove_where(self, matches: Callable[[CacheEntry], bool], namespace: str | None = None,
-                     cold: bool = True) -> int:
+                     cold: bool = True, on_removed: Callable[[Key, CacheEntry], None] | None = None) -> int:
         """Remove the entries (of ``namespace``, or all) that ``matches``; returns how many.
-        ``cold``: the disk tiers' entries too (every row read back)."""
+        ``cold``: the disk tiers' entries too (every row read back). ``on_removed(key, entry)``:
+        told of each memory entry removed, under the store's lock."""
         removed = 0
         for partition in self.all():
             if namespace is not None and partition.key[0] != namespace:
                 continue
             with partition.lock:
                 for entry_id in [e.entry_id for e in partition.entries.values() if matches(e)]:
-                    partition.remove(entry_id)
+                    entry = partition.remove(entry_id)
                     removed += 1
+                    if on_removed is not None and entry is not None:
+                        on_removed(partition.key, entry)
                 if cold and partition.disk is not None:
                     removed += partition.disk.remove_where(matches)
         return removed

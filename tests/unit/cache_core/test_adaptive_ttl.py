@@ -127,3 +127,19 @@ def test_arm_and_event_schema():
     assert names[at + 1:at + 6] == ["ttl_predicted_s", "ttl_rate_volatility", "ttl_hit_trend",
                                     "ttl_memory_pressure", "ttl_entry_hits"]
     assert dict(clickhouse_columns(CacheEvent))["ttl_entry_hits"] == "Nullable(Int64)"
+
+
+def test_a_miss_after_the_sweep_removed_its_entry_still_teaches_a_longer_lifetime():
+    cache, clock, sink, _ = make_cache({"q": E0}, ADAPTIVE)
+    predictions = []
+    for _ in range(40):  # asked again every 100 s, the expired entry always swept first
+        cache.store("q", "answer", unit_id="u")
+        clock.advance(100.0)
+        cache.drop_expired()
+        result = cache.lookup("q", unit_id="u")
+        predictions.append(sink.events[-1].ttl_predicted_s)
+        if result.hit:
+            break
+    assert predictions[-1] > predictions[0] * 2
+    life = cache.lifetimes._stores[cache.partitions()[0].key]
+    assert life.model.observations >= 1
