@@ -21,9 +21,10 @@ aims at covering most reuses instead of the mean gap (the mean would expire half
 entries just before their next hit). An LSTM would earn its keep on long sequential
 patterns per entry; a cache entry has a handful of hits.
 
-Known bias: gaps longer than an entry's lifetime are seen only when a lookup meets the
-expired entry before the expiry sweep removes it, so long gaps are under-observed and the
-model errs short; ``ttl_min_s`` is the floor that bounds this.
+Censoring: a gap longer than an entry's lifetime is seen when a lookup meets the expired
+entry, or, once the expiry sweep removed it, its ghost (``StoreLifetime.ghosts``); gaps
+longer than the ghosts are remembered stay unseen, so the model may still err short;
+``ttl_min_s`` is the floor that bounds this.
 State is per store (arm partition), in memory: a restart starts from the prior.
 """
 from __future__ import annotations
