@@ -222,7 +222,8 @@ def fit_artifact(X_train: np.ndarray, y_train: np.ndarray, X_ho: np.ndarray, y_h
     traffic), each operating point is the *strictest* of the sources' own cuts: a cut
     pooled over the mix met its target on the mix but served 10-24% wrong on a kind of pair
     left out of training (bench/judge_quality.py), while a cut that held on every known kind
-    is the better bet for an unknown one."""
+    is the better bet for an unknown one. A set where no cut meets a target is left out of
+    that target's choice (else one noisy set would stop the judge serving anything)."""
     started = time.monotonic()
     trees = fit_trees(X_train, y_train, seed)
     mix = None if blend is None else CosineBlend.fit(blend, trees.raw(X_train), X_train[:, 0])
@@ -245,7 +246,10 @@ def fit_artifact(X_train: np.ndarray, y_train: np.ndarray, X_ho: np.ndarray, y_h
                      if (y_ho[holdout_sources == src] == 1).sum() >= MIN_SOURCE_POSITIVES}
         if by_source:
             report["source_operating_points"] = by_source
-            cuts = {k: max([cuts[k]] + [pts[k]["accept_at"] for pts in by_source.values()]) for k in cuts}
+            # A set on which no cut reaches the target (its labels too noisy at the top) says
+            # nothing about where to cut; counting it would make the judge serve nothing at all.
+            cuts = {k: max([cuts[k]] + [pts[k]["accept_at"] for pts in by_source.values()
+                                        if pts[k]["false_hit"] is not None]) for k in cuts}
             report["operating_points_rule"] = "strictest over sources"
     return JudgeArtifact(version=version, encoder=encoder, feature_names=FEATURE_NAMES, trees=trees,
                          calibration=calibration, operating_points=cuts, report=report, blend=mix)
