@@ -63,20 +63,22 @@ class Trees:
     value: np.ndarray         # (trees, nodes) float
 
     def raw(self, X: np.ndarray) -> np.ndarray:
-        """Raw (log-odds) scores of the rows of ``X``."""
-        out = np.full(len(X), self.baseline, dtype=np.float64)
-        rows = np.arange(len(X))
-        for t in range(self.feature.shape[0]):
-            node = np.zeros(len(X), dtype=np.int64)
-            active = ~self.leaf[t, node]
-            while active.any():
-                n = node[active]
-                x = X[rows[active], self.feature[t, n]]
-                go_left = np.where(np.isnan(x), self.missing_left[t, n], x <= self.threshold[t, n])
-                node[active] = np.where(go_left, self.left[t, n], self.right[t, n])
-                active = ~self.leaf[t, node]
-            out += self.value[t, node]
-        return out
+        """Raw (log-odds) scores of the rows of ``X``.
+
+        Every tree descends at once, one level per step (a few numpy calls per level, about
+        ten levels), rather than tree by tree: 300 trees one at a time cost ~24 ms for a
+        lookup's five candidates, which was most of the judge's time once encoding was cheap."""
+        X = np.asarray(X, dtype=np.float64)
+        trees = np.arange(self.feature.shape[0])[:, None]
+        cols = np.arange(len(X))[None, :]
+        node = np.zeros((len(trees), len(X)), dtype=np.int64)
+        leaf = self.leaf[trees, node]
+        while not leaf.all():
+            x = X[cols, self.feature[trees, node]]
+            go_left = np.where(np.isnan(x), self.missing_left[trees, node], x <= self.threshold[trees, node])
+            node = np.where(leaf, node, np.where(go_left, self.left[trees, node], self.right[trees, node]))
+            leaf = self.leaf[trees, node]
+        return self.baseline + self.value[trees, node].sum(axis=0)
 
     def to_json(self) -> dict:
         return {"baseline": self.baseline, **{name: getattr(self, name).tolist() for name in

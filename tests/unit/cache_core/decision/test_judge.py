@@ -285,3 +285,19 @@ def test_operating_points_keep_their_target_on_fresh_pairs_more_often_than_the_p
             served = fresh_s >= cut
             over[confidence] += served.any() and (fresh_y[served] == 0).mean() > 0.05
     assert over[CUT_CONFIDENCE] <= 17 and over[0.5] >= 24, over  # of 40 held-out draws
+
+
+def test_exported_trees_score_exactly_as_sklearn_missing_values_included():
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from cache_core.decision.judge_train import fit_trees
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(600, len(FEATURE_NAMES)))
+    y = (X[:, 0] + 0.5 * X[:, 3] + rng.normal(scale=0.5, size=600) > 0).astype(int)
+    X[::9, 3] = np.nan
+    trees = fit_trees(X, y, seed=0)
+    reference = HistGradientBoostingClassifier(
+        max_iter=300, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=40, l2_regularization=1.0,
+        monotonic_cst=[1] + [0] * (len(FEATURE_NAMES) - 1), early_stopping=False, random_state=0).fit(X, y)
+    assert np.allclose(trees.raw(X), reference.decision_function(X), atol=1e-9)
