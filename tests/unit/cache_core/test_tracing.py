@@ -105,29 +105,63 @@ def test_a_chat_miss_traces_the_upstream_call_in_the_same_trace(traced, upstream
     assert root.attributes["scache.request_id"] == response.headers["x-scache-request-id"]
 
 
+OTLP_MODULES = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                "opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+
+
 def test_console_runs_and_otlp_without_its_package_says_which(monkeypatch):
     console = build_tracing(TracingSettings(exporter="console"))
     assert console.enabled
     console.shutdown()
+    for module in OTLP_MODULES:  # as on an install without the otel extra
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(TracingError, match="opentelemetry-exporter-otlp-proto-http"):
+        build_tracing(TracingSettings(exporter="otlp"))
+
+
+def test_spans_reach_an_otlp_http_receiver():
+    """The otel extra's exporter, to a real HTTP endpoint on loopback (as a collector's /v1/traces)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    bodies = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self):
+            bodies.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        import opentelemetry.exporter.otlp  # noqa: F401
-    except ImportError:
-        with pytest.raises(TracingError, match="opentelemetry-exporter-otlp-proto-http"):
-            build_tracing(TracingSettings(exporter="otlp"))
-    else:
-        pytest.skip("an OTLP exporter is installed here")
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        tracing = build_tracing(TracingSettings(exporter="otlp", otlp_endpoint=endpoint), instance_id="r1")
+        with tracing.span("scache.lookup", {"scache.similarity": 0.93}):
+            pass
+        tracing.shutdown()  # flushes the batch
+    finally:
+        server.shutdown()
+    (path, body), = bodies
+    request = ExportTraceServiceRequest.FromString(body)
+    spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    assert path == "/v1/traces" and [span.name for span in spans] == ["scache.lookup"]
+    assert {a.key: a.value.double_value for a in spans[0].attributes} == {"scache.similarity": 0.93}
 
 
 def test_the_service_refuses_to_start_with_an_exporter_it_lacks(tmp_path):
-    try:
-        import opentelemetry.exporter.otlp  # noqa: F401
-        pytest.skip("an OTLP exporter is installed here")
-    except ImportError:
-        pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCACHE_")}
     env.update(PYTHONPATH=str(REPO_ROOT), SCACHE_HOME=str(tmp_path), SCACHE_TRACING__EXPORTER="otlp")
-    done = subprocess.run([sys.executable, "-m", "cache_core.service", "--spool-dir", str(tmp_path / "spool")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in OTLP_MODULES)
+    start = (f"import runpy, sys; {blocked}; sys.argv = ['cache_core.service', '--spool-dir', {str(tmp_path / 'spool')!r}]; "
+             "runpy.run_module('cache_core.service', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", start], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "opentelemetry-exporter-otlp-proto-http" in done.stderr and "Traceback" not in done.stderr
 
