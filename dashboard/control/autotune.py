@@ -95,17 +95,15 @@ class TuneAction:
 
 def canary_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
     """Labelled hits (n, wrong) of the arm's canary units since the canary started."""
-    df = queries.canary_stats(client, experiment_id, arm, since_ms)
-    row = df[df["variant"] == "canary"]
-    if row.empty:
-        return ProportionStat(0, 0)
-    correct, wrong = int(row["correct"].iloc[0]), int(row["wrong"].iloc[0])
-    return ProportionStat(correct + wrong, wrong)
+    return _canary_row(queries.canary_stats(client, experiment_id, arm, since_ms))
 
 
 def canary_shadow_labels(client, experiment_id: str, arm: str, since_ms: int) -> ProportionStat:
     """The canary's hits as shadow checks judged them (n, wrong), apart from the users' labels."""
-    df = queries.canary_shadow_stats(client, experiment_id, arm, since_ms)
+    return _canary_row(queries.canary_shadow_stats(client, experiment_id, arm, since_ms))
+
+
+def _canary_row(df) -> ProportionStat:
     row = df[df["variant"] == "canary"]
     if row.empty:
         return ProportionStat(0, 0)
