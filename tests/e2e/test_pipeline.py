@@ -155,10 +155,12 @@ def test_emitted_query_texts_name_their_intent_cluster_on_the_dashboard(stack, a
 
 def test_chat_misses_reach_the_demo_model_and_repeats_are_served_from_the_cache(stack, api):
     unit = units_per_arm(stack.settings().experiments_file, EXPERIMENT)["treatment"][0]
-    ask = {"messages": [{"role": "user", "content": "Can I freeze my card from the app?"}], "user": unit}
+    # Far from every banking77 intent, so the demo model names the question whether or not it has
+    # loaded its encoder yet (a banking question gets its intent's answer once it has).
+    ask = {"messages": [{"role": "user", "content": "Which river flows through the city of Vienna?"}], "user": unit}
     first = api.post("/v1/chat/completions", json=ask)
     assert first.status_code == 200 and first.headers["x-scache-hit"] == "0", first.text
     answer = first.json()["choices"][0]["message"]["content"]
-    assert answer.startswith("(demo model)") and "freeze my card" in answer
+    assert answer.startswith("(demo model)") and "river flows through the city of Vienna" in answer
     again = api.post("/v1/chat/completions", json=ask)
     assert again.headers["x-scache-hit"] == "1" and again.json()["choices"][0]["message"]["content"] == answer
