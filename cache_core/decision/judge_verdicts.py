@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Only events that name both questions are read and grouped: a verdict whose event does not (or
+# that has none) finds no match in the LEFT JOIN and is counted as without text all the same.
 PAIRS_SQL = """
-SELECT v.request_id, v.source, v.verdict, e.query_text, e.matched_query_text
+SELECT v.request_id, v.source, v.verdict, e.asked, e.cached
 FROM (
     SELECT request_id, 'user' AS source, argMax(verdict, ts_ms) AS verdict
     FROM feedback_raw WHERE source != 'shadow' AND ts >= now() - toIntervalDay({days:UInt32})
@@ -28,8 +30,9 @@ FROM (
     GROUP BY request_id
 ) AS v
 LEFT JOIN (
-    SELECT request_id, any(query_text) AS query_text, any(matched_query_text) AS matched_query_text
+    SELECT request_id, any(query_text) AS asked, any(matched_query_text) AS cached
     FROM events_raw WHERE ts >= now() - toIntervalDay({days:UInt32}) AND decision != 'heartbeat'
+      AND query_text IS NOT NULL AND matched_query_text IS NOT NULL
     GROUP BY request_id
 ) AS e ON e.request_id = v.request_id
 """
