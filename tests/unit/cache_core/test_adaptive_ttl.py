@@ -87,12 +87,16 @@ def test_entries_get_predicted_lifetimes_renewed_at_each_hit_and_logged():
     assert 5.0 < event.ttl_predicted_s < np.sqrt(300.0)  # learning the 5 s gaps from above
 
 
-def test_a_lookup_that_meets_its_entry_expired_teaches_a_longer_lifetime():
+@pytest.mark.parametrize("swept", [False, True], ids=["meets-the-expired-entry", "after-the-sweep-removed-it"])
+def test_a_lookup_after_its_entry_expired_teaches_a_longer_lifetime(swept):
+    """Met expired, or missed after the expiry sweep removed the entry (its ghost is observed)."""
     cache, clock, sink, _ = make_cache({"q": E0}, ADAPTIVE)
     predictions = []
     for _ in range(40):  # asked again every 100 s: longer than the prior's 17 s
         cache.store("q", "answer", unit_id="u")
         clock.advance(100.0)
+        if swept:
+            cache.drop_expired()
         result = cache.lookup("q", unit_id="u")
         predictions.append(sink.events[-1].ttl_predicted_s)
         if result.hit:
@@ -127,19 +131,3 @@ def test_arm_and_event_schema():
     assert names[at + 1:at + 6] == ["ttl_predicted_s", "ttl_rate_volatility", "ttl_hit_trend",
                                     "ttl_memory_pressure", "ttl_entry_hits"]
     assert dict(clickhouse_columns(CacheEvent))["ttl_entry_hits"] == "Nullable(Int64)"
-
-
-def test_a_miss_after_the_sweep_removed_its_entry_still_teaches_a_longer_lifetime():
-    cache, clock, sink, _ = make_cache({"q": E0}, ADAPTIVE)
-    predictions = []
-    for _ in range(40):  # asked again every 100 s, the expired entry always swept first
-        cache.store("q", "answer", unit_id="u")
-        clock.advance(100.0)
-        cache.drop_expired()
-        result = cache.lookup("q", unit_id="u")
-        predictions.append(sink.events[-1].ttl_predicted_s)
-        if result.hit:
-            break
-    assert predictions[-1] > predictions[0] * 2
-    life = cache.lifetimes._stores[cache.partitions()[0].key]
-    assert life.model.observations >= 1
