@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from cache_core.experiments import ExperimentConfig
-from dashboard.control import sql, sql_verdicts
+from dashboard.control import sql, sql_units, sql_verdicts
 from udfs.buckets import LATENCY_BOUNDS_MS, histogram_quantile
 
 SIMILARITY_BIN = 0.001
@@ -75,7 +75,7 @@ def _epoch_ms(moment: datetime) -> int:
 
 def _frame(client, text: str, parameters: dict) -> pd.DataFrame:
     result = client.query(text, parameters=parameters)
-    columns = sql.COLUMNS.get(text) or sql_verdicts.COLUMNS[text]
+    columns = sql.COLUMNS.get(text) or sql_units.COLUMNS.get(text) or sql_verdicts.COLUMNS[text]
     if result.column_names and list(result.column_names) != columns:
         raise RuntimeError(f"query returned columns {list(result.column_names)}, expected {columns}")
     return pd.DataFrame(result.result_rows, columns=columns)
@@ -214,8 +214,8 @@ def canary_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.Data
 def canary_unit_stats(client, experiment_id: str, arm: str, since_ms: int) -> pd.DataFrame:
     """Per variant of ``arm`` since ``since_ms``, over users: the delta method's sums of
     decisions (x) and hits (y) per user (``ratio.RatioStat``): the canary's measured hit rate."""
-    return _frame(client, sql.CANARY_UNITS_SQL, {"experiment_id": experiment_id, "arm": arm,
-                                                 "since_ms": int(since_ms)})
+    return _frame(client, sql_units.CANARY_UNITS_SQL, {"experiment_id": experiment_id, "arm": arm,
+                                                       "since_ms": int(since_ms)})
 
 
 def last_changes(client, experiment_id: str) -> pd.DataFrame:
@@ -318,19 +318,19 @@ def experiments(client) -> pd.DataFrame:
 def unit_stats(client, filters: Filters) -> pd.DataFrame:
     """Per arm, over users (``unit_id``): units and the delta method's sums of requests (x) and
     hits (y) per user (see ``ratio.RatioStat``). Every decision counts, the holdout's too."""
-    return _frame(client, sql.UNIT_STATS_SQL, filters.parameters())
+    return _frame(client, sql_units.UNIT_STATS_SQL, filters.parameters())
 
 
 def unit_false_hits(client, filters: Filters) -> pd.DataFrame:
     """Per arm, over users: units and the sums of labelled hits (x) and wrong ones (y) per user."""
-    return _frame(client, sql.UNIT_FALSE_HITS_SQL, filters.parameters())
+    return _frame(client, sql_units.UNIT_FALSE_HITS_SQL, filters.parameters())
 
 
 def unit_path(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
     """Per arm and time bucket: what the bucket adds to the cumulative per-user sums (new users,
     and the growth of sum x, y, x², y², xy); ``processing.cumulative_unit_paths`` adds them up."""
     _check_bucket(bucket_s)
-    df = _frame(client, sql.UNIT_PATH_SQL, {**filters.parameters(), "bucket_s": int(bucket_s)})
+    df = _frame(client, sql_units.UNIT_PATH_SQL, {**filters.parameters(), "bucket_s": int(bucket_s)})
     if not df.empty:
         df["bucket"] = pd.to_datetime(df["bucket"], utc=True)
     return df

@@ -13,7 +13,7 @@ and Lu, "Applying the Delta Method in Metric Analytics", KDD 2018; GrowthBook's 
     Var(R) = (1 / n) * (var_y / mx^2 + var_x * my^2 / mx^4 - 2 cov_xy * my / mx^3)
 
 with mx, my the per-user means and var / cov the sample (n - 1) moments. Everything works
-on six sums per arm that ClickHouse returns over a per-user subquery (``sql.UNIT_STATS_SQL``):
+on six sums per arm that ClickHouse returns over a per-user subquery (``sql_units.UNIT_STATS_SQL``):
 n users, sum x, sum y, sum x^2, sum y^2, sum xy, so the dashboard never pulls raw events.
 The tests here (z-test, interval, normal-posterior chance to beat, mSPRT and its confidence
 sequence) mirror those of ``stats`` on ``ProportionStat``; a statistic that cannot be

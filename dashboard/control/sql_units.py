@@ -1,0 +1,102 @@
+"""Per-user reads (the unit of randomisation, ``dashboard.control.ratio``): the delta method's sums
+per arm (or canary variant) over a per-user subquery, so the dashboard never pulls raw events. Same
+conventions as ``sql`` (server-side parameters, FINAL on replacing tables, ``COLUMNS``).
+
+A user is ``unit_id`` (events written without one count as a user each, by request id, as the cache
+hashes them). Every decision event counts as a request (the holdout's bypasses too, so SRM sees every
+arm); hits are its hits. Per arm: users and the sums of the delta method over users (x: requests,
+y: hits). events_raw keeps 14 days (its TTL).
+"""
+from __future__ import annotations
+
+_UNIT = "if(unit_id = '', request_id, unit_id)"
+_UNIT_DECISIONS = """
+WHERE event_type = 'decision'
+  AND experiment_id = {experiment_id:String}
+  AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
+  AND ({namespace:String} = '' OR namespace = {namespace:String})
+"""
+_UNIT_SUMS = """count() AS units, sum(x) AS sum_x, sum(y) AS sum_y, sum(x * x) AS sum_x2,
+       sum(y * y) AS sum_y2, sum(x * y) AS sum_xy"""
+
+UNIT_STATS_SQL = f"""
+SELECT arm, {_UNIT_SUMS}
+FROM (
+    SELECT arm, {_UNIT} AS unit, count() AS x, countIf(hit) AS y
+    FROM events_raw FINAL
+    {_UNIT_DECISIONS}
+    GROUP BY arm, unit
+)
+GROUP BY arm
+ORDER BY arm
+"""
+
+# Per user: labelled hits (x) and the wrong ones (y), by decision time; latest verdict wins.
+UNIT_FALSE_HITS_SQL = f"""
+SELECT arm, {_UNIT_SUMS}
+FROM (
+    SELECT e.arm AS arm, e.unit AS unit, count() AS x, countIf(f.verdict = 'wrong') AS y
+    FROM (
+        SELECT request_id, arm, {_UNIT} AS unit FROM events_raw FINAL
+        {_UNIT_DECISIONS}
+          AND hit
+    ) AS e
+    INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+    GROUP BY arm, unit
+)
+GROUP BY arm
+ORDER BY arm
+"""
+
+# A canary's measured hit rate per variant of one arm since it started, per user (the canary
+# hash splits users): promotion of a loosening waits until it confirms the what-if's gain.
+CANARY_UNITS_SQL = f"""
+SELECT variant, {_UNIT_SUMS}
+FROM (
+    SELECT variant, {_UNIT} AS unit, count() AS x, countIf(hit) AS y
+    FROM events_raw FINAL
+    WHERE event_type = 'decision' AND decision IN ('hit', 'miss')
+      AND experiment_id = {{experiment_id:String}} AND arm = {{arm:String}} AND ts_ms >= {{since_ms:Int64}}
+    GROUP BY variant, unit
+)
+GROUP BY variant
+ORDER BY variant
+"""
+
+# The sequential test's looks: per arm and time bucket, what the bucket adds to the
+# cumulative per-user sums (a user's running x and y: its square grows by x_now^2 - x_before^2),
+# so a cumulative sum over buckets gives the per-user statistics at every look.
+UNIT_PATH_SQL = f"""
+SELECT arm, bucket, sum(first) AS units, sum(cx - px) AS sum_x, sum(cy - py) AS sum_y,
+       sum(cx * cx - px * px) AS sum_x2, sum(cy * cy - py * py) AS sum_y2, sum(cx * cy - px * py) AS sum_xy
+FROM (
+    SELECT arm, bucket, cx, cy, cx - x AS px, cy - y AS py, toInt64(n = 1) AS first
+    FROM (
+        SELECT arm, unit, bucket, x, y,
+               sum(x) OVER w AS cx, sum(y) OVER w AS cy, row_number() OVER w AS n
+        FROM (
+            SELECT arm, {_UNIT} AS unit,
+                   toStartOfInterval(fromUnixTimestamp64Milli(ts_ms, 'UTC'), toIntervalSecond({{bucket_s:UInt32}}), 'UTC') AS bucket,
+                   count() AS x, countIf(hit) AS y
+            FROM events_raw FINAL
+            {_UNIT_DECISIONS}
+            GROUP BY arm, unit, bucket
+        )
+        WINDOW w AS (PARTITION BY arm, unit ORDER BY bucket ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    )
+)
+GROUP BY arm, bucket
+ORDER BY bucket, arm
+"""
+
+
+_UNIT_COLUMNS = ["units", "sum_x", "sum_y", "sum_x2", "sum_y2", "sum_xy"]
+
+
+COLUMNS: dict[str, list[str]] = {
+    UNIT_STATS_SQL: ["arm", *_UNIT_COLUMNS],
+    UNIT_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS],
+    UNIT_PATH_SQL: ["arm", "bucket", *_UNIT_COLUMNS],
+    CANARY_UNITS_SQL: ["variant", *_UNIT_COLUMNS],
+}
+"""Output columns of each query: an empty result carries no column names."""
