@@ -26,12 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats as sps
 
-from dashboard.control.ratio import RatioStat, diff_of_ratios, sequential_test_ratios
+from dashboard.control.ratio import RatioStat, diff_of_ratios, sequential_test_ratios, welch_df
 from dashboard.control.stats import (DEFAULT_MIXTURE_SD, ProportionStat, diff_of_proportions, msprt_statistic,
                                      sequential_test, srm_check, wilson_interval)
 from dashboard.control.target_test import log_e_value
@@ -123,17 +124,27 @@ def ztest_table(runs: int, seed: int) -> list[dict]:
     rows = []
     for n_users, icc, rate in Z_CELLS:
         rng = np.random.default_rng([seed, 7, n_users, int(icc * 1000), int(rate * 1000)])
-        fired = tested = 0
+        fired = {"normal": 0, "t": 0}
+        tested, dfs = 0, []
         for _ in range(runs):
             arm = rng.random(n_users) < 0.5
             x, y = users(rng, n_users, icc, rate)
-            r = diff_of_ratios(RatioStat.from_units(x[~arm], y[~arm]), RatioStat.from_units(x[arm], y[arm]))
-            if r.p_value is not None:
+            a, b = RatioStat.from_units(x[~arm], y[~arm]), RatioStat.from_units(x[arm], y[arm])
+            # the same draw read both ways: the normal (no fourth moments) and Welch's t
+            normal = diff_of_ratios(replace(a, fourth=None), replace(b, fourth=None))
+            welch = diff_of_ratios(a, b)
+            if normal.p_value is not None:
                 tested += 1
-                fired += r.p_value < 0.05
-        ci = wilson_interval(ProportionStat(tested, fired))
-        rows.append({"users": n_users, "icc": icc, "rate": rate, "runs": tested, "type_i": ci.rate,
-                     "ci_low": ci.low, "ci_high": ci.high})
+                fired["normal"] += normal.p_value < 0.05
+                fired["t"] += welch.p_value < 0.05
+                dfs.append(welch_df(a, b))
+        row = {"users": n_users, "icc": icc, "rate": rate, "runs": tested,
+               "median_df": float(np.median(dfs)) if dfs else None}
+        for name, count in fired.items():
+            ci = wilson_interval(ProportionStat(tested, count))
+            suffix = "" if name == "normal" else "_t"
+            row.update({f"type_i{suffix}": ci.rate, f"ci_low{suffix}": ci.low, f"ci_high{suffix}": ci.high})
+        rows.append(row)
     return rows
 
 
@@ -254,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['z_requests']:>6.3f} {r['z_users']:>7.3f} {r['ci_users_misses_0']:>8.3f} "
               f"{r['msprt_requests']:>10.3f} {r['msprt_users']:>11.3f}")
     print(f"SRM on users over 200,000 A/A draws: {srm_exact:.4f} false alarms (alpha 0.001)")
-    print(f"\nPer-user z-test alone, {args.z_runs:,} A/A runs per row (type-I at 0.05, 95% Wilson interval):")
+    print(f"\nPer-user fixed-horizon test alone, {args.z_runs:,} A/A runs per row (type-I at 0.05, 95% Wilson "
+          "interval): normal z (second moments only) vs Welch t (fourth moments: the variance's df)")
     for r in ztest:
-        print(f"{r['users']:>7,} users ICC {r['icc']:<4g} rate {r['rate']:>4.0%}: {r['type_i']:.4f} "
-              f"({r['ci_low']:.4f}-{r['ci_high']:.4f}) over {r['runs']:,} runs")
+        print(f"{r['users']:>7,} users ICC {r['icc']:<4g} rate {r['rate']:>4.0%}: z {r['type_i']:.4f} "
+              f"({r['ci_low']:.4f}-{r['ci_high']:.4f})  t {r['type_i_t']:.4f} ({r['ci_low_t']:.4f}-"
+              f"{r['ci_high_t']:.4f}), median df {r['median_df']:.0f}, over {r['runs']:,} runs")
     print(f"\nCanary, looks every {LABELS_PER_LOOK} labels up to {LABELS_PER_LOOK * CANARY_LOOKS:,}, "
           f"{args.canary_sims} canaries per row (share rolled back / promoted):")
     print(f"{'target':>6} {'x':>4} " + " ".join(f"{m:>22}" for m in ("exact", "normal_msprt", "fixed_bound")))

@@ -55,9 +55,7 @@ def variant_stat(units: pd.DataFrame | None, variant: str) -> RatioStat | None:
     row = units[units["variant"] == variant]
     if row.empty:
         return None
-    r = row.iloc[0]
-    return RatioStat(int(r["units"]), float(r["sum_x"]), float(r["sum_y"]), float(r["sum_x2"]), float(r["sum_y2"]),
-                     float(r["sum_xy"]))
+    return RatioStat.from_sums(row.iloc[0])
 
 
 @dataclass(frozen=True)

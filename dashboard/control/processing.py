@@ -44,8 +44,7 @@ def ratio_stats(units: pd.DataFrame | None) -> dict[str, RatioStat]:
     """Arm -> RatioStat from a ``queries.unit_stats`` / ``unit_false_hits`` frame ({} for None)."""
     if units is None or units.empty:
         return {}
-    return {r.arm: RatioStat(int(r.units), *(float(getattr(r, c)) for c in _UNIT_SUMS))
-            for r in units.itertuples(index=False)}
+    return {row["arm"]: RatioStat.from_sums(row) for row in units.to_dict("records")}
 
 
 def cumulative_unit_paths(path: pd.DataFrame | None, arms: list[str]) -> dict[str, list[RatioStat]]:

@@ -9,6 +9,8 @@ y: hits). events_raw keeps 14 days (its TTL).
 """
 from __future__ import annotations
 
+from dashboard.control.ratio import FOURTH_MOMENTS
+
 _UNIT = "if(unit_id = '', request_id, unit_id)"
 _UNIT_DECISIONS = """
 WHERE event_type = 'decision'
@@ -16,8 +18,12 @@ WHERE event_type = 'decision'
   AND ts_ms >= {start_ms:Int64} AND ts_ms < {end_ms:Int64}
   AND ({namespace:String} = '' OR namespace = {namespace:String})
 """
+# The delta method's five sums, and the fourth-moment sums of ratio.FOURTH_MOMENTS (in Float64:
+# a user's x^4 overflows Int64 past ~55,000 requests) that give the variance its degrees of freedom.
 _UNIT_SUMS = """count() AS units, sum(x) AS sum_x, sum(y) AS sum_y, sum(x * x) AS sum_x2,
-       sum(y * y) AS sum_y2, sum(x * y) AS sum_xy"""
+       sum(y * y) AS sum_y2, sum(x * y) AS sum_xy,
+       sum(pow(x, 4)) AS sum_x4, sum(pow(x, 3) * y) AS sum_x3y, sum(pow(x, 2) * pow(y, 2)) AS sum_x2y2,
+       sum(x * pow(y, 3)) AS sum_xy3, sum(pow(y, 4)) AS sum_y4"""
 
 UNIT_STATS_SQL = f"""
 SELECT arm, {_UNIT_SUMS}
@@ -65,7 +71,8 @@ ORDER BY variant
 
 # The sequential test's looks: per arm and time bucket, what the bucket adds to the
 # cumulative per-user sums (a user's running x and y: its square grows by x_now^2 - x_before^2),
-# so a cumulative sum over buckets gives the per-user statistics at every look.
+# so a cumulative sum over buckets gives the per-user statistics at every look. Second moments
+# only: the mSPRT's normal mixture reads no degrees of freedom.
 UNIT_PATH_SQL = f"""
 SELECT arm, bucket, sum(first) AS units, sum(cx - px) AS sum_x, sum(cy - py) AS sum_y,
        sum(cx * cx - px * px) AS sum_x2, sum(cy * cy - py * py) AS sum_y2, sum(cx * cy - px * py) AS sum_xy
@@ -91,12 +98,13 @@ ORDER BY bucket, arm
 
 
 _UNIT_COLUMNS = ["units", "sum_x", "sum_y", "sum_x2", "sum_y2", "sum_xy"]
+_FOURTH_COLUMNS = list(FOURTH_MOMENTS)
 
 
 COLUMNS: dict[str, list[str]] = {
-    UNIT_STATS_SQL: ["arm", *_UNIT_COLUMNS],
-    UNIT_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS],
+    UNIT_STATS_SQL: ["arm", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
+    UNIT_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
     UNIT_PATH_SQL: ["arm", "bucket", *_UNIT_COLUMNS],
-    CANARY_UNITS_SQL: ["variant", *_UNIT_COLUMNS],
+    CANARY_UNITS_SQL: ["variant", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
 }
 """Output columns of each query: an empty result carries no column names."""

@@ -268,13 +268,17 @@ def test_unit_statistics_match_the_per_user_sums(warehouse, ch_settings):
     start = pd.Timestamp(t0, unit="ms", tz="UTC").to_pydatetime()
     filters = queries.Filters(experiment_id, start, start + timedelta(minutes=10))
     stats = processing.ratio_stats(queries.unit_stats(client, filters))
-    assert stats["control"] == RatioStat.from_units([3, 1], [2, 0])
+    assert stats["control"] == RatioStat.from_units([3, 1], [2, 0])  # fourth moments too: (3^4 + 1, ...)
+    assert stats["control"].fourth == (82.0, 54.0, 36.0, 24.0, 16.0)
     assert stats["treatment"] == RatioStat.from_units([2, 1], [2, 0])
     labels = processing.ratio_stats(queries.unit_false_hits(client, filters))
     assert labels["control"] == RatioStat.from_units([2], [1]) and labels["treatment"] == RatioStat.from_units([1], [0])
     paths = processing.cumulative_unit_paths(queries.unit_path(client, filters, 60), ["control", "treatment"])
-    assert paths["control"] == [RatioStat.from_units([2], [1]), RatioStat.from_units([3, 1], [2, 0])]
-    assert paths["treatment"] == [RatioStat.from_units([1], [1]), RatioStat.from_units([2, 1], [2, 0])]
+    # the looks carry second moments only (the mSPRT reads no degrees of freedom)
+    assert paths["control"] == [RatioStat.from_units([2], [1], fourth=False),
+                                RatioStat.from_units([3, 1], [2, 0], fourth=False)]
+    assert paths["treatment"] == [RatioStat.from_units([1], [1], fourth=False),
+                                  RatioStat.from_units([2, 1], [2, 0], fourth=False)]
     assert np.isclose(paths["control"][-1].rate, 0.5)
     client.close()
 

@@ -1,13 +1,14 @@
 """dashboard.control.ratio: per-user ratio metrics with delta-method variances (golden values,
 gbstats style), and the clustered-user A/A failure it fixes."""
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dashboard.control.ratio import (RatioStat, bayes_compare_ratios, diff_of_ratios, ratio_interval,
-                                     sequential_path_ratios, sequential_test_ratios)
+from dashboard.control.ratio import (FOURTH_MOMENTS, RatioStat, bayes_compare_ratios, diff_of_ratios,
+                                     ratio_interval, sequential_path_ratios, sequential_test_ratios, welch_df)
 from dashboard.control.stats import ProportionStat, diff_of_proportions, srm_check
 
 DECIMALS = 5
@@ -15,12 +16,25 @@ round_ = partial(np.round, decimals=DECIMALS)
 
 CONTROL = RatioStat.from_units([3, 1, 2, 5, 1, 4], [1, 0, 1, 2, 0, 2])
 TREATMENT = RatioStat.from_units([2, 2, 6, 1, 3, 1], [2, 1, 4, 1, 2, 0])
+# One user sends most of the requests and most of the hits: the variance rests on that user.
+HEAVY = RatioStat.from_units([1, 1, 2, 1, 1, 3, 1, 1, 2, 40], [0, 0, 1, 0, 0, 0, 1, 0, 0, 30])
+
+
+def _normal(stat: RatioStat) -> RatioStat:
+    """The same sums without the fourth moments: the normal reading."""
+    return replace(stat, fourth=None)
 
 
 def test_sums_and_rate():
     s = RatioStat.from_units([1, 2, 3, 4, 10], [0, 1, 1, 3, 4])
-    assert s == RatioStat(5, 20.0, 9.0, 130.0, 27.0, 57.0)
+    assert s == RatioStat(5, 20.0, 9.0, 130.0, 27.0, 57.0, (10354.0, 4227.0, 1757.0, 753.0, 339.0))
     assert s.rate == 0.45
+    assert RatioStat.from_units([1, 2], [1, 0], fourth=False).fourth is None
+    row = {"units": 5, "sum_x": 20, "sum_y": 9, "sum_x2": 130, "sum_y2": 27, "sum_xy": 57}
+    assert RatioStat.from_sums(row) == _normal(s)
+    assert RatioStat.from_sums({**row, **dict(zip(FOURTH_MOMENTS, s.fourth))}) == s
+    with pytest.raises(ValueError):
+        RatioStat(5, 20.0, 9.0, 130.0, 27.0, 57.0, (1.0, 2.0))
 
 
 def test_delta_variance_equals_the_linearised_form():
@@ -42,19 +56,51 @@ def test_one_request_per_user_is_bernoulli():
 def test_add_merges_disjoint_users():
     a, b = RatioStat.from_units([1, 2], [1, 0]), RatioStat.from_units([3], [2])
     assert a + b == RatioStat.from_units([1, 2, 3], [1, 0, 2])
+    assert (a + _normal(b)).fourth is None
+
+
+def test_variance_df_is_the_chi_square_match_of_the_residuals():
+    """df = 2 (n - 1) m2^2 / (m4 - m2^2) over d = (y - R x) / mx, from the expanded sums; a
+    heavy user leaves ~3 df of 10 users; near-normal residuals hit the cap n - 1."""
+    x, y = np.array([1, 1, 2, 1, 1, 3, 1, 1, 2, 40.0]), np.array([0, 0, 1, 0, 0, 0, 1, 0, 0, 30.0])
+    d = y - y.sum() / x.sum() * x
+    m2, m4 = np.mean(d ** 2), np.mean(d ** 4)
+    assert HEAVY.variance_df == pytest.approx(2 * 9 * m2 ** 2 / (m4 - m2 ** 2), rel=1e-9)
+    assert round_(HEAVY.variance_df) == round_(2.97391)
+    assert CONTROL.variance_df == 5.0 and TREATMENT.variance_df == 5.0  # capped at n - 1
+    assert _normal(HEAVY).variance_df is None and RatioStat.from_units([4], [1]).variance_df is None
+    assert RatioStat.from_units([2, 2], [2, 0]).variance_df == float("inf")  # |d| equal: m4 = m2^2
+    assert round_(welch_df(CONTROL, HEAVY)) == round_(4.06719)
+    assert round_(welch_df(CONTROL, TREATMENT)) == round_(8.97282)
+    assert welch_df(CONTROL, _normal(TREATMENT)) is None
 
 
 def test_diff_of_ratios_golden():
-    r = diff_of_ratios(CONTROL, TREATMENT)
-    assert r.status == "ok"
+    r = diff_of_ratios(_normal(CONTROL), _normal(TREATMENT))
+    assert (r.status, r.detail) == ("ok", "normal")
     assert round_([r.control_rate, r.treatment_rate, r.diff]).tolist() == round_([0.375, 2 / 3, 0.29167]).tolist()
     assert round_([r.ci_low, r.ci_high, r.p_value, r.z]).tolist() == \
         round_([0.10723, 0.47611, 0.00194, 3.09940]).tolist()
 
 
+def test_diff_of_ratios_welch_t_golden():
+    """With the fourth moments: the same statistic, read on Student's t at the Welch df."""
+    r = diff_of_ratios(CONTROL, TREATMENT)
+    assert (r.status, r.detail) == ("ok", "Welch t, 9.0 df")
+    assert r.p_value == pytest.approx(2 * sps.t.sf(r.z, welch_df(CONTROL, TREATMENT)), rel=1e-12)
+    assert round_([r.ci_low, r.ci_high, r.p_value, r.z]).tolist() == \
+        round_([0.07869, 0.50464, 0.01278, 3.09940]).tolist()
+    heavy = diff_of_ratios(CONTROL, HEAVY)
+    assert heavy.detail == "Welch t, 4.1 df"
+    assert round_([heavy.diff, heavy.ci_low, heavy.ci_high, heavy.p_value]).tolist() == \
+        round_([0.22877, -0.15282, 0.61037, 0.17234]).tolist()
+
+
 def test_interval_golden_and_statuses():
-    ci = ratio_interval(CONTROL)
+    ci = ratio_interval(_normal(CONTROL))
     assert (ci.status, round_(ci.low), round_(ci.high)) == ("ok", round_(0.26891), round_(0.48109))
+    t5 = ratio_interval(CONTROL)  # Student's t, 5 df
+    assert (t5.status, round_(t5.low), round_(t5.high)) == ("ok", round_(0.23586), round_(0.51414))
     assert ratio_interval(RatioStat(0, 0, 0, 0, 0, 0)).status == "no_data"
     one = ratio_interval(RatioStat.from_units([4], [1]))
     assert (one.status, one.rate, one.low) == ("no_data", 0.25, None)  # one user: no variance, no fake interval
