@@ -14,6 +14,11 @@ Where that cannot be done the change is refused with the reason, never pushed di
 A tightening (a higher threshold, floor or margin) serves a subset of what runs now, so
 it cannot raise the false-hit count: it goes out directly when there is no canary share
 (cluster thresholds, multi floor / margin), as before.
+
+The control panel's pushes follow the same rule (``panel_threshold_rollout``,
+``panel_multi_rollout``): a lower arm threshold, score floor or answer margin typed there
+goes out as a canary even when "direct" was picked, and a lower cluster threshold is
+refused, each with the reason the page shows.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from dashboard.control.tuning import Recommendation
 from dashboard.control.tuning_multi import MultiRecommendation
 
 Route = Literal["canary", "direct", "refused", "none"]
+PanelMode = Literal["direct", "canary"]
 EPS = 1e-9
 
 
@@ -43,16 +49,48 @@ def threshold_rollout(rec: Recommendation, canary_share: float) -> Rollout:
     if rec.cluster is not None:
         if not loosening:
             return Rollout("direct")
-        return Rollout("refused", f"not lowering cluster {rec.cluster}'s threshold {rec.current:.3f} -> "
-                                  f"{rec.recommended:.3f}: a lower threshold goes out only through a canary, and "
-                                  "a canary tries one threshold on the whole arm (lower the arm's threshold, or "
-                                  "set the cluster's on the control panel)")
+        return Rollout("refused", _cluster_refusal(rec.cluster, rec.current, rec.recommended))
     if canary_share > 0:
         return Rollout("canary")
     if loosening:
         return Rollout("refused", f"not lowering the threshold {rec.current:.3f} -> {rec.recommended:.3f}: "
                                   "a lower threshold goes out only through a canary, and --canary-share is 0")
     return Rollout("direct")
+
+
+def _cluster_refusal(cluster: int, current: float, new: float) -> str:
+    return (f"not lowering cluster {cluster}'s threshold {current:.3f} -> {new:.3f}: a lower threshold goes out "
+            "only through a canary, and a canary tries one threshold on the whole arm (lower the arm's threshold "
+            "on a canary instead)")
+
+
+_CANARY_TEST = ("its labelled hits are judged by the exact sequential test of the false-hit rate against the "
+                "target, which promotes or rolls it back")
+
+
+def panel_threshold_rollout(current: float, new: float, cluster: int | None, mode: PanelMode) -> Rollout:
+    """The route of a threshold typed on the control panel (``mode``: what the operator picked).
+    A raise goes as picked (a cluster's directly: no canary of one cluster); a lower arm threshold
+    always as a canary, a lower cluster threshold is refused (the module docstring)."""
+    loosening = new < current - EPS
+    if cluster is not None:
+        return Rollout("refused", _cluster_refusal(cluster, current, new)) if loosening else Rollout("direct")
+    if loosening and mode == "direct":
+        return Rollout("canary", f"{current:.3f} -> {new:.3f} lowers the threshold, so it goes out as a canary "
+                                 f"(as every loosening auto-tune makes): {_CANARY_TEST}")
+    return Rollout(mode)
+
+
+def panel_multi_rollout(current_floor: float, current_margin: float, floor: float, margin: float,
+                        mode: PanelMode) -> Rollout:
+    """The route of a multi arm's score floor / answer margin typed on the control panel: as
+    picked, except that a lower floor or margin always goes out as a canary."""
+    lowered = [f"{name} {old:.3f} -> {value:.3f}" for name, old, value in (
+        ("score floor", current_floor, floor), ("answer margin", current_margin, margin)) if value < old - EPS]
+    if lowered and mode == "direct":
+        return Rollout("canary", f"{' and '.join(lowered)} serves what the arm refuses now, so it goes out as a "
+                                 f"canary (as every loosening auto-tune makes): {_CANARY_TEST}")
+    return Rollout(mode)
 
 
 def multi_loosens(rec: MultiRecommendation) -> bool:

@@ -8,7 +8,8 @@ import streamlit as st
 from cache_core.decision.thresholds import threshold_for
 from cache_core.events import now_ms
 from dashboard import charts, data
-from dashboard.control import changes, processing, queries, shadow_estimates, tuning, tuning_multi, whatif
+from dashboard.control import (changes, processing, queries, rollout, shadow_estimates, tuning, tuning_multi,
+                               whatif)
 from dashboard.control.stats import DEFAULT_ALPHA
 from dashboard.control.canary import last_failed_try, rolled_back_canaries
 from dashboard.sections.actions import act_and_reload
@@ -66,28 +67,48 @@ def change_section(view: View, config) -> None:
     threshold = threshold_input(config, arm, cluster, current)
     whatif_preview(view, arm, threshold, cluster)
     mode = st.radio("Push as", ["direct", "canary"], key="ctl_mode", horizontal=True,
-                    disabled=cluster is not None, help="A canary applies to the whole arm.")
+                    disabled=cluster is not None, help="A canary applies to the whole arm. A lower threshold "
+                                                       "always goes out as a canary.")
+    route = rollout.panel_threshold_rollout(current, threshold, cluster, mode)
+    rollout_note(route)
     share, target = 0.1, view.settings.dashboard.target_false_hit_rate
-    if mode == "canary" and cluster is None:
+    if route.route == "canary":
         c1, c2 = st.columns(2)
         share = c1.number_input("Canary share of the arm's units", 0.01, 1.0, 0.1, 0.01, key="ctl_canary_share")
         target = c2.number_input("Roll back above false-hit rate", 0.001, 0.5, float(target), 0.005,
                                  format="%.3f", key="ctl_canary_target")
     reason = st.text_input("Reason", key="ctl_reason")
-    if st.button("Push", type="primary", key="ctl_push"):
+    if st.button("Push", type="primary", key="ctl_push", disabled=route.route == "refused"):
         if cluster is not None:
             change = lambda: changes.set_cluster_threshold(arm, cluster, threshold)
             what = f"{arm} cluster {cluster} threshold {threshold:.3f}"
-        elif mode == "canary":
+        elif route.route == "canary":
             change = lambda: changes.start_canary(arm, threshold, share, target, at_ms=now_ms())
             what = f"{arm} canary at {threshold:.3f} on {share:.0%} of units"
         else:
             change = lambda: changes.set_threshold(arm, threshold)
             what = f"{arm} threshold {threshold:.3f}"
-        act_and_reload(view, change, reason, what)
+        act_and_reload(view, change, audit_reason(route, [reason]), what)
     if config.arm(arm).similarity == "multi":
         multi_push_section(view, config, arm)
     invalidation_push_section(view, config, arm)
+
+
+def rollout_note(route: rollout.Rollout) -> None:
+    """Why a push goes out other than as picked (``rollout``): a loosening as a canary, or refused."""
+    if route.route == "refused":
+        st.warning(f"Not pushable: {route.reason}.")
+    elif route.reason:
+        st.info(f"{route.reason[0].upper()}{route.reason[1:]}.")
+
+
+def audit_reason(route: rollout.Rollout, parts: list[str]) -> str:
+    """The audit row's reason: what moved and the operator's words, and that a loosening went
+    out as a canary although "direct" was picked."""
+    parts = [p.strip() for p in parts if p.strip()]
+    if route.reason:
+        parts.append("a loosening: pushed as a canary")
+    return "; ".join(parts)
 
 
 def invalidation_push_section(view: View, config, arm: str) -> None:
@@ -122,9 +143,11 @@ def multi_push_section(view: View, config, arm: str) -> None:
                             min_value=0.0, max_value=1.0, step=0.001, format="%.3f")
     mode = st.radio("Push floor / margin as", ["direct", "canary"], key="ctl_multi_mode", horizontal=True,
                     help="A canary tries them on a share of the arm's units (at the arm's threshold) until "
-                         "promoted or rolled back.")
+                         "promoted or rolled back. A lower floor or margin always goes out as a canary.")
+    route = rollout.panel_multi_rollout(multi.threshold, multi.answer_margin, floor, margin, mode)
+    rollout_note(route)
     share, target = 0.1, view.settings.dashboard.target_false_hit_rate
-    if mode == "canary":
+    if route.route == "canary":
         c1, c2 = st.columns(2)
         share = c1.number_input("Canary share of the arm's units", 0.01, 1.0, 0.1, 0.01, key="ctl_multi_canary_share")
         target = c2.number_input("Roll back above false-hit rate", 0.001, 0.5, float(target), 0.005,
@@ -136,13 +159,13 @@ def multi_push_section(view: View, config, arm: str) -> None:
             ("score floor", multi.threshold, floor), ("answer margin", multi.answer_margin, margin)) if old != new]
         changed = dict(score_floor=floor if floor != multi.threshold else None,
                        answer_margin=margin if margin != multi.answer_margin else None)
-        if mode == "canary":
+        if route.route == "canary":
             change = lambda: changes.start_multi_canary(arm, share, target, now_ms(), **changed)
             what = f"{arm} canary with score floor {floor:.3f}, answer margin {margin:.3f} on {share:.0%} of units"
         else:
             change = lambda: changes.set_multi(arm, score_floor=floor, answer_margin=margin)
             what = f"{arm} score floor {floor:.3f}, answer margin {margin:.3f}"
-        act_and_reload(view, change, "; ".join(moved + [reason.strip()] if reason.strip() else moved), what)
+        act_and_reload(view, change, audit_reason(route, [*moved, reason]), what)
 
 
 def multi_recommendation(view: View, config, arm: str) -> None:

@@ -10,7 +10,7 @@ import streamlit as st
 from cache_core.decision.thresholds import multi_for
 from cache_core.events import now_ms
 from dashboard import charts, data
-from dashboard.control import autotune, canary_gain, changes, queries, tuning, tuning_judge
+from dashboard.control import autotune, canary_gain, changes, queries, rollout, tuning, tuning_judge
 from dashboard.control.canary import configs_by_version, evaluate_canary, last_failed_try, rolled_back_canaries
 from dashboard.control.guardrails import Guardrails
 from dashboard.control.stats import ProportionStat
@@ -156,14 +156,20 @@ def autotune_section(view: View, config) -> None:
     if to_apply and st.button(f"Apply {len(to_apply)} recommendation(s)", key="tune_apply"):
         if not authorized(view):
             return
-        for r in to_apply:
-            if r.cluster is not None:
-                change = lambda r=r: changes.set_cluster_threshold(r.arm, r.cluster, r.recommended)
-            elif as_canary:
-                share = shares.explore if r.action == "explore" else shares.change
+        for r in to_apply:  # the routes auto-tune takes: every loosening through a canary, or refused
+            share = shares.explore if r.action == "explore" else shares.change
+            route = rollout.threshold_rollout(r, share)
+            if route.route == "refused":  # shown after the re-run, at the top of the panel
+                earlier = st.session_state.get("ctl_flash_warning")
+                st.session_state["ctl_flash_warning"] = " ".join(filter(None, [earlier,
+                                                                              f"Not applied: {route.reason}."]))
+                continue
+            if route.route == "canary":
                 change = lambda r=r, share=share: changes.start_canary(r.arm, r.recommended, share,
                                                                       guardrails.target_false_hit_rate,
                                                                       at_ms=now_ms())
+            elif r.cluster is not None:
+                change = lambda r=r: changes.set_cluster_threshold(r.arm, r.cluster, r.recommended)
             else:
                 change = lambda r=r: changes.set_threshold(r.arm, r.recommended)
             if not act(view, change, f"auto-tune recommendation: {r.reason}",

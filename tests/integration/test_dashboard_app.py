@@ -89,19 +89,19 @@ def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monke
     _kafka_env(monkeypatch, kafka_settings)
     at = start()
     at.selectbox(key="ctl_arm").set_value("treatment")
-    at.number_input(key="ctl_threshold").set_value(0.75)
+    at.number_input(key="ctl_threshold").set_value(0.85)  # a raise: goes out directly, as picked
     at.text_input(key="ctl_actor").input("tester")
-    at.text_input(key="ctl_reason").input("more hits")
+    at.text_input(key="ctl_reason").input("fewer wrong answers")
     at.button(key="ctl_push").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert "config version 2" in at.success[0].value
+    assert "treatment threshold 0.850 as config version 2" in at.success[0].value
 
     messages = _control_messages(kafka_settings)
     assert len(messages) == 1
     pushed = messages[0]
     assert pushed.experiment.experiment_id == experiment_id
     assert pushed.experiment.version == 2
-    assert pushed.experiment.arm("treatment").threshold == 0.75
+    assert pushed.experiment.arm("treatment").threshold == 0.85
     assert pushed.experiment.arm("control").threshold == 0.90
     assert pushed.actor == "tester"
 
@@ -109,7 +109,38 @@ def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monke
     rows = client.query("SELECT arm, old_threshold, new_threshold, new_version FROM threshold_changes "
                         "WHERE experiment_id = {e:String}", parameters={"e": experiment_id}).result_rows
     client.close()
-    assert [tuple(r) for r in rows] == [("treatment", 0.80, 0.75, 2)]
+    assert [tuple(r) for r in rows] == [("treatment", 0.80, 0.85, 2)]
+
+
+def test_lower_threshold_from_the_panel_goes_out_as_a_canary(app_env, kafka_settings, monkeypatch):
+    """A loosening typed on the panel takes auto-tune's route (dashboard.control.rollout): a canary
+    even when "direct" is picked, with the reason on the page; a lower cluster threshold is refused."""
+    _, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    at = start()
+    at.text_input(key="ctl_actor").input("tester")
+    at.selectbox(key="ctl_arm").set_value("treatment").run()
+    at.number_input(key="ctl_threshold").set_value(0.75).run()
+    assert at.radio(key="ctl_mode").value == "direct"
+    note = next(i.value for i in at.info if "lowers the threshold" in i.value)
+    assert "0.800 -> 0.750 lowers the threshold, so it goes out as a canary" in note and "sequential test" in note
+    at.number_input(key="ctl_canary_share").set_value(0.2)  # the canary's inputs are offered
+    at.text_input(key="ctl_reason").input("more hits")
+    at.button(key="ctl_push").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert "treatment canary at 0.750 on 20% of units as config version 2" in at.success[0].value
+    (pushed,) = _control_messages(kafka_settings)
+    arm = pushed.experiment.arm("treatment")
+    assert arm.threshold == 0.80 and arm.canary.threshold == 0.75 and arm.canary.share == 0.2
+    assert pushed.reason == "more hits; a loosening: pushed as a canary"
+    # one cluster lower than the arm: no canary of one cluster, so the push is refused, with why
+    at.selectbox(key="ctl_arm").set_value("control").run()
+    at.radio(key="ctl_scope").set_value("one intent cluster").run()
+    at.number_input(key="ctl_cluster").set_value(4)
+    at.number_input(key="ctl_threshold").set_value(0.85).run()
+    assert any("Not pushable: not lowering cluster 4's threshold 0.900 -> 0.850" in w.value for w in at.warning)
+    assert at.button(key="ctl_push").disabled
+    assert len(_control_messages(kafka_settings)) == 1
 
 
 def test_push_needs_the_admin_token(app_env, kafka_settings, monkeypatch):
@@ -458,6 +489,24 @@ def test_push_multi_margin_publishes_next_version(app_env, ch_settings, kafka_se
     assert not at.error, [e.value for e in at.error]
     latest = _control_messages(kafka_settings)[-1].experiment
     assert latest.version == 3 and latest.arm("control").multi.answer_margin == 0.01
+
+
+def test_lower_margin_from_the_panel_goes_out_as_a_canary(app_env, kafka_settings, monkeypatch, tmp_path):
+    experiment_id, start = app_env
+    _kafka_env(monkeypatch, kafka_settings)
+    _multi_experiments_file(tmp_path, experiment_id)
+    at = start()
+    at.number_input(key="ctl_multi_margin").set_value(0.005).run()
+    assert at.radio(key="ctl_multi_mode").value == "direct"
+    assert any("Answer margin 0.010 -> 0.005 serves what the arm refuses now, so it goes out as a canary" in i.value
+               for i in at.info), [i.value for i in at.info]
+    at.text_input(key="ctl_actor").input("tester")
+    at.button(key="ctl_multi_push").click().run()
+    assert not at.error, [e.value for e in at.error]
+    (pushed,) = _control_messages(kafka_settings)
+    arm = pushed.experiment.arm("control")
+    assert arm.multi.answer_margin == 0.01 and arm.canary.answer_margin == 0.005 and arm.canary.score_floor is None
+    assert pushed.reason == "answer margin 0.010 → 0.005; a loosening: pushed as a canary"
 
 
 def test_push_multi_needs_the_admin_token(app_env, kafka_settings, monkeypatch, tmp_path):

@@ -2,7 +2,8 @@
 or is refused with the reason (issue 26 (b)); tightening may go out directly."""
 import pytest
 
-from dashboard.control.rollout import multi_loosens, multi_rollout, threshold_rollout
+from dashboard.control.rollout import (multi_loosens, multi_rollout, panel_multi_rollout, panel_threshold_rollout,
+                                      threshold_rollout)
 from dashboard.control.tuning import Recommendation
 from dashboard.control.tuning_multi import MultiRecommendation
 
@@ -55,3 +56,29 @@ def test_multi_routes(rec, share, route):
 def test_multi_loosens():
     assert multi_loosens(_multi(0.55, 0.01, 0.52, 0.01)) and multi_loosens(_multi(0.55, 0.01, 0.55, 0.0))
     assert not multi_loosens(_multi(0.55, 0.01, 0.55, 0.01)) and not multi_loosens(_multi(0.55, 0.01, 0.6, 0.02))
+
+
+@pytest.mark.parametrize("current, new, cluster, mode, route", [
+    (0.80, 0.75, None, "direct", "canary"),    # a lower arm threshold typed as direct: a canary anyway
+    (0.80, 0.75, None, "canary", "canary"),
+    (0.80, 0.85, None, "direct", "direct"),    # a raise goes as picked
+    (0.80, 0.85, None, "canary", "canary"),
+    (0.80, 0.80, None, "direct", "direct"),
+    (0.90, 0.85, 4, "direct", "refused"),      # a lower cluster threshold: no canary of one cluster
+    (0.90, 0.95, 4, "direct", "direct"),
+])
+def test_panel_threshold_routes(current, new, cluster, mode, route):
+    assert panel_threshold_rollout(current, new, cluster, mode).route == route
+
+
+def test_panel_routes_say_why():
+    forced = panel_threshold_rollout(0.80, 0.75, None, "direct")
+    assert "0.800 -> 0.750 lowers the threshold" in forced.reason and "sequential test" in forced.reason
+    assert panel_threshold_rollout(0.80, 0.75, None, "canary").reason == ""  # picked: nothing to explain
+    refused = panel_threshold_rollout(0.90, 0.85, 4, "direct").reason
+    assert "cluster 4" in refused and "0.900 -> 0.850" in refused and "control panel" not in refused
+    multi = panel_multi_rollout(0.50, 0.01, 0.52, 0.005, "direct")
+    assert multi.route == "canary" and "answer margin 0.010 -> 0.005" in multi.reason
+    assert "score floor" not in multi.reason
+    assert panel_multi_rollout(0.50, 0.01, 0.52, 0.02, "direct").route == "direct"  # both raised
+    assert panel_multi_rollout(0.50, 0.01, 0.45, 0.01, "canary").route == "canary"
