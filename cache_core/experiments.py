@@ -57,18 +57,27 @@ class JudgeConfig(_Closed):
 
 class ErrorBoundedThresholds(_Closed):
     """Learn the threshold from verdicts under an error bound (cache_core.decision.error_bound):
-    per cached entry, else per intent cluster, else over the arm's verdicts, each level only
-    once it holds enough verdicts to certify ``delta``; before that the arm's ``threshold``."""
+    per cached entry, shrunk toward its intent cluster and the arm (``estimator``), once the arm
+    holds enough verdicts to certify ``delta``; before that the arm's ``threshold``."""
 
     kind: Literal["error_bounded"] = "error_bounded"
     delta: float = Field(gt=0.0, lt=0.5)
     """The bound on the share of wrong hits (P(wrong | served)) the learnt thresholds keep."""
+    estimator: Literal["curves", "staircase"] = "curves"
+    """"curves": a logistic P(wrong | similarity) per entry, shrunk toward its cluster's and the
+    arm's (cache_core.decision.error_curves); the arm decides once it has ``verdicts_needed``
+    verdicts, and from then on every entry and cluster has a threshold. "staircase": the first
+    design, a Clopper-Pearson test per level run from 1.0 down, each level deciding only with
+    ``verdicts_needed`` verdicts of its own (kept as the bench's reference)."""
     confidence: float = Field(0.95, ge=0.5, lt=1.0)
-    """How sure each level must be (one-sided Clopper-Pearson) that its threshold keeps ``delta``.
-    0.95: at 0.9 the bench's δ=0.05 run on banking77 overshot (6.5% wrong), at 0.95 it held (4.2%)."""
+    """How sure each level must be that its threshold keeps ``delta``: curves, the quantile of the
+    curve's bound; staircase, of its one-sided Clopper-Pearson bound. (Staircase: at 0.9 the
+    bench's δ=0.05 run on banking77 overshot, 6.5% wrong, at 0.95 it held, 4.2%. Curves: at 0.5,
+    no margin, it overshot, 7.0%; at 0.95 it held, 4.2%.)"""
     min_verdicts: int | None = Field(None, ge=1, le=100_000)
-    """Verdicts a level needs before it decides (None: the fewest that can certify ``delta`` at
-    ``confidence`` with no wrong verdict, e.g. 59 for 0.05 at 0.95)."""
+    """Verdicts a level needs before it decides (curves: the arm only; every entry and cluster
+    decides with it). None: the fewest that can certify ``delta`` at ``confidence`` with no wrong
+    verdict, e.g. 59 for 0.05 at 0.95."""
     floor: float = Field(0.5, ge=-1.0, le=1.0)
     """The lowest threshold a level may learn."""
     step: float = Field(0.005, gt=0.0, le=0.1)

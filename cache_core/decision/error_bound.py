@@ -4,9 +4,27 @@ of wrong hits under a user-set bound δ, per cached entry, per intent cluster, p
 Why. One cosine threshold for everything serves too little where paraphrases are far apart
 and too much where different questions sit close together (issue 25). vCache (Schroeder et
 al., 2025) learns a decision boundary per cached embedding from verdicts and bounds the error
-rate. Our estimator keeps that idea (per-entry learning, a user δ, a conservative bound,
-verdicts from exploration) but is simpler and threshold-shaped, so the warehouse, the
-what-if and the dashboard read it like any other threshold:
+rate. We keep that idea (per-entry learning, a user δ, a conservative bound, verdicts from
+exploration) in our own, threshold-shaped estimators, so the warehouse, the what-if and the
+dashboard read the result like any other threshold. Two estimators (``estimator``):
+
+**curves** (the default; the fitting is cache_core.decision.error_curves). vCache fits, per
+entry, a logistic P(correct | similarity) from that entry's own observations and serves where
+a confidence bound on it reaches 1 − δ. We fit the same kind of curve per level, P(wrong | s),
+but shrink each entry's toward its cluster's and each cluster's toward the arm's (the parent's
+curve is the child's prior), so an entry with no or few verdicts has its cluster's curve rather
+than none: every lookup is decided by its entry's or cluster's own curve once the arm holds
+``verdicts_needed`` verdicts (before: the arm's static threshold).
+
+* **Which θ.** δ bounds the share of wrong *hits*, an average over what is served, not the odds
+  at the threshold. A level's threshold is the lowest θ (grid from 1.0 down to ``floor``) at
+  which the mean of the curve's upper bound (``confidence``) over the similarities its lookups
+  were judged at, at or above θ, is ≤ δ. Those similarities are its cluster's verdicts (the
+  arm's while the cluster has fewer than ``POPULATION_MIN``). A smooth, monotone curve cannot
+  be blocked by one wrong verdict at the top of the range, as the staircase was.
+* **Nothing safe.** A level whose bound passes no θ serves nothing (``NOTHING_SAFE``).
+
+**staircase** (the first design, kept as the bench's reference).
 
 * **What is estimated.** For a level (one entry, one intent cluster, or the whole arm) and a
   candidate threshold θ, the share of wrong verdicts among the verdicts at similarity ≥ θ
@@ -16,24 +34,29 @@ what-if and the dashboard read it like any other threshold:
   fixed order, starting at the first with ``min_verdicts`` verdicts at or above it; the
   threshold is the last that passed before the first that fails (fixed-sequence testing: the
   chance that any passed threshold is wrong stays ≤ 1 − confidence, no multiplicity
-  correction). Never below the lowest similarity judged (no extrapolation). A level that has enough verdicts but passes no candidate decides "serve
-  nothing" (``NOTHING_SAFE``): the evidence says serving is unsafe there, so it does not
-  fall back to a looser level.
+  correction). Never below the lowest similarity judged (no extrapolation). A level that has
+  enough verdicts but passes no candidate decides "serve nothing" (``NOTHING_SAFE``). One
+  wrong verdict among the first few at the top fails the first test and blocks every θ below.
 * **Fallback.** A level with fewer than ``min_verdicts`` verdicts does not decide (it cannot
   certify δ even if all are correct): the entry falls back to its cluster, the cluster to the
-  arm, the arm to its configured threshold ("static"). Verdicts are kept per level in bounded
-  windows (the most recent ones), so the thresholds follow drift.
+  arm, the arm to its configured threshold ("static").
+
+Both:
+
+* **Windows.** Verdicts are kept per level in bounded windows (the most recent ones), so the
+  thresholds follow drift.
 * **Exploration.** vCache explores by calling the model on a share of lookups it could have
-  served and comparing answers. Here that exploration is the shadow check of near-misses
-  (cache_core.shadow): a miss within ``near_miss_band`` below the threshold *used* already
-  fetched the model's answer, so comparing it with the nearest cached answer is free, and
-  nothing is ever served just to learn. The band follows the learnt threshold, so each level
-  keeps sampling just below its own boundary and can move down as verdicts certify it.
+  served (with a probability that shrinks as the bound tightens) and comparing answers. Here
+  that exploration is the shadow check of near-misses (cache_core.shadow): a miss within
+  ``near_miss_band`` below the threshold *used* already fetched the model's answer, so
+  comparing it with the nearest cached answer is free, and nothing is ever served just to
+  learn. The band follows the learnt threshold, so each level keeps sampling just below its own
+  boundary and can move down as verdicts show it safe; sampled hits check above it.
 * **Bias.** Verdicts above the threshold come from sampled hits (users, shadow hit checks);
   below it from near-misses. Wrong-answer odds fall with similarity, so as long as
   near-misses are checked at least as often as hits (the shadow defaults check every
   near-miss in the band and a share of hits), over-represented low-similarity verdicts make
-  the estimate err on the safe side.
+  the estimate err on the safe side (and serve less than it could).
 
 The state (``VerdictBook``) is a few bounded windows of ``(similarity, wrong)`` per arm; it
 changes only through ``SemanticCache.apply`` of a ``Verdict`` (cache_core.state.changes), so
@@ -48,8 +71,10 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
+from cache_core.decision import error_curves
+from cache_core.decision.error_curves import ARM_PRIOR, CLUSTER_SPREAD, ENTRY_SPREAD
 from cache_core.experiments import ErrorBoundedThresholds
 
 ThresholdSource = Literal["entry", "cluster", "arm", "static"]
@@ -62,6 +87,11 @@ CLUSTER_WINDOW = 1024
 ARM_WINDOW = 8192
 ENTRIES_REMEMBERED = 50_000
 """Per arm: entries whose verdicts are kept (least recently judged forgotten first)."""
+REFIT_SHARE = 0.02
+"""Curves estimator: the arm's curve is refitted after this share of its window in new verdicts."""
+POPULATION_MIN = 20
+"""Curves estimator: a cluster's thresholds average over its own verdicts' similarities once it has
+this many, over the arm's before."""
 
 
 @lru_cache(maxsize=65_536)
@@ -102,12 +132,21 @@ class _Window:
     size: int
     verdicts: deque = field(default_factory=deque)
     cached: tuple | None = None  # (policy, threshold)
+    added: int = 0
+    """Verdicts ever added (keys the curves fitted from this window)."""
+    curve: tuple | None = None  # curves estimator: (key, Curve)
+    bound: tuple | None = None  # curves estimator: (key, policy, threshold)
 
     def add(self, similarity: float, wrong: bool) -> None:
         self.verdicts.append((similarity, wrong))
         while len(self.verdicts) > self.size:
             self.verdicts.popleft()
         self.cached = None
+        self.added += 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        data = np.array(self.verdicts, dtype=np.float64).reshape(-1, 2)
+        return data[:, 0], data[:, 1] > 0.5
 
     def threshold(self, policy: ErrorBoundedThresholds) -> float | None:
         if self.cached is not None and self.cached[0] == policy:
@@ -126,6 +165,12 @@ class _ArmVerdicts:
         self.arm = _Window(ARM_WINDOW)
         self.clusters: dict[int, _Window] = {}
         self.entries: OrderedDict[str, _Window] = OrderedDict()
+        self.generation = 0
+        """Curves estimator: how many times the arm's curve was refitted (keys its children's)."""
+        self.fitted_at = -1
+        """``arm.added`` when the arm's curve was last fitted."""
+        self.population = np.zeros(0)
+        """The arm's verdict similarities at that fit (the lookups its thresholds average over)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +215,8 @@ class VerdictBook:
             verdicts = self._arms.get((experiment_id, arm))
             if verdicts is None:
                 return static, "static"
+            if policy.estimator == "curves":
+                return _curves_threshold(verdicts, policy, entry_id, cluster, static)
             levels = ((verdicts.entries.get(entry_id), "entry"), (verdicts.clusters.get(cluster), "cluster"),
                       (verdicts.arm, "arm"))
             for window, source in levels:
@@ -215,6 +262,52 @@ class VerdictBook:
             arms[(str(item["experiment_id"]), str(item["arm"]))] = verdicts
         with self._lock:
             self._arms = arms
+
+
+def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, entry_id: str, cluster: int,
+                      static: float) -> tuple[float, ThresholdSource]:
+    """The ``curves`` estimator (cache_core.decision.error_curves): the arm decides once it holds
+    ``policy.verdicts_needed`` verdicts; then every candidate gets the threshold of the most specific
+    level that has verdicts of its own (an entry's, else its cluster's, else the arm's curve: a level
+    without verdicts has its parent's curve, so its threshold too). Curves and thresholds are cached
+    per level and refitted when the level or its parent changed; the arm's curve is refitted after
+    every ``REFIT_SHARE`` of its window in new verdicts (one Newton fit over up to ``ARM_WINDOW``)."""
+    arm = verdicts.arm
+    if len(arm.verdicts) < policy.verdicts_needed:
+        return static, "static"
+    if verdicts.fitted_at < 0 or arm.added - verdicts.fitted_at >= max(1, int(REFIT_SHARE * len(arm.verdicts))):
+        sims, wrong = arm.arrays()
+        arm.curve = ((verdicts.generation + 1,), error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov)))
+        verdicts.generation, verdicts.fitted_at, verdicts.population = verdicts.generation + 1, arm.added, sims
+    z = float(norm.ppf(policy.confidence))
+    arm_key, arm_curve = arm.curve
+    levels = [(arm, arm_key, arm_curve, None, "arm")]
+    cluster_window = verdicts.clusters.get(cluster)
+    if cluster_window is not None:
+        levels.append(_child(cluster_window, levels[-1], CLUSTER_SPREAD, "cluster"))
+        entry_window = verdicts.entries.get(entry_id)
+        if entry_window is not None:
+            levels.append(_child(entry_window, levels[-1], ENTRY_SPREAD, "entry"))
+    window, key, curve, parent, source = levels[-1]
+    own_population = cluster_window is not None and len(cluster_window.verdicts) >= POPULATION_MIN
+    bound_key = (key, (cluster_window.added,) if own_population else arm_key, policy)
+    if window.bound is None or window.bound[0] != bound_key:
+        population = cluster_window.arrays()[0] if own_population else verdicts.population
+        value = error_curves.served_error_threshold(
+            lambda s: error_curves.upper(curve, s, z, parent), population, policy.delta, policy.floor,
+            policy.step, NOTHING_SAFE)
+        window.bound = (bound_key, value)
+    return window.bound[1], source
+
+
+def _child(window: _Window, parent_level: tuple, spread: np.ndarray, source: ThresholdSource) -> tuple:
+    """A level's (window, key, curve, parent curve, source), its curve shrunk toward its parent's."""
+    _, parent_key, parent_curve, _, _ = parent_level
+    key = parent_key + (window.added,)
+    if window.curve is None or window.curve[0] != key:
+        sims, wrong = window.arrays()
+        window.curve = (key, error_curves.fit(sims, wrong, parent_curve.as_prior(spread)))
+    return window, key, window.curve[1], parent_curve, source
 
 
 def _fill(window: _Window, rows: list) -> None:

@@ -1,5 +1,7 @@
-"""Error-bounded thresholds (cache_core.decision.error_bound): the bound holds in a seeded
-simulation, the levels fall back in order, the option validates, and decide() uses it."""
+"""Error-bounded thresholds (cache_core.decision.error_bound, error_curves): the curves estimator
+keeps δ on a simulated stream, lets young entries borrow their cluster's curve and is not blocked by
+one noisy top verdict; the staircase estimator's bound holds and its levels fall back in order; the
+option validates, and decide() uses it."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +14,8 @@ from cache_core.decision.rule import HitRule
 from cache_core.experiments import ArmConfig, CanaryConfig, ErrorBoundedThresholds, verdicts_to_certify
 from cache_core.records import CacheEntry, Candidate
 
-POLICY = ErrorBoundedThresholds(delta=0.05, confidence=0.9)
+POLICY = ErrorBoundedThresholds(delta=0.05, confidence=0.9, estimator="staircase")
+CURVES = ErrorBoundedThresholds(delta=0.05)
 
 
 def p_wrong(s: np.ndarray, boundary: float) -> np.ndarray:
@@ -107,7 +110,7 @@ def test_decide_uses_each_candidates_learnt_threshold_and_reports_its_source():
     for _ in range(45):
         rule.verdicts.record(Judged("e", "a", "bad", 1, 0.99, True))
     bounded = ArmConfig(name="a", threshold=0.9, threshold_policy={"kind": "error_bounded", "delta": 0.05,
-                                                                    "confidence": 0.9})
+                                                                    "confidence": 0.9, "estimator": "staircase"})
     decision = rule.decide("q", [candidate("good", 0.75), candidate("bad", 0.95)], bounded, 0, experiment_id="e")
     assert decision.served.entry.entry_id == "good"
     assert (decision.threshold, decision.threshold_source) == (pytest.approx(0.70), "cluster")
@@ -122,13 +125,81 @@ def test_decide_uses_each_candidates_learnt_threshold_and_reports_its_source():
     assert not in_canary.hit and in_canary.threshold == 0.8 and in_canary.threshold_source is None
 
 
-def test_the_book_round_trips_through_its_exported_state():
+@pytest.mark.parametrize("policy", [POLICY, CURVES], ids=["staircase", "curves"])
+def test_the_book_round_trips_through_its_exported_state(policy):
     book = VerdictBook()
-    for i in range(60):
-        book.record(judged(f"y{i % 7}", i % 3, 0.8 + i * 0.003, wrong=i % 20 == 0))
+    for i in range(90):
+        book.record(judged(f"y{i % 7}", i % 3, 0.8 + i * 0.002, wrong=i % 20 == 0))
     copy = VerdictBook()
     copy.load_state(book.export_state())
     assert copy.export_state() == book.export_state()
     for entry, cluster in (("y1", 0), ("nope", 2), ("nope", 9)):
-        assert copy.threshold("e", "a", POLICY, entry, cluster, 0.9) == book.threshold("e", "a", POLICY, entry,
+        assert copy.threshold("e", "a", policy, entry, cluster, 0.9) == book.threshold("e", "a", policy, entry,
                                                                                        cluster, 0.9)
+
+
+# -- the curves estimator (the default) ----------------------------------------------------
+
+
+def test_a_noisy_top_verdict_does_not_block_the_similarities_below_it():
+    """300 correct verdicts over 0.80-1.00 and one wrong at 0.995: the staircase, tested from the
+    top, fails at once and serves nothing; the curve barely moves and certifies the range."""
+    rng = np.random.default_rng(3)
+    sims = np.append(rng.uniform(0.80, 1.0, 300), 0.995)
+    wrong = np.append(np.zeros(300, bool), True)
+    staircase = ErrorBoundedThresholds(delta=0.05, estimator="staircase")
+    assert certified_threshold(sims, wrong, staircase) == NOTHING_SAFE
+    book = VerdictBook()
+    for s, w in zip(sims, wrong):
+        book.record(judged(f"y{int(s * 1000)}", 0, float(s), bool(w)))
+    theta, source = book.threshold("e", "a", CURVES, "fresh", 0, 0.9)
+    assert source == "cluster" and theta <= 0.81
+    assert book.threshold("e", "a", staircase, "fresh", 0, 0.9) == (NOTHING_SAFE, "cluster")
+
+
+def test_young_entries_borrow_their_clusters_curve_and_their_own_verdicts_move_it():
+    rng = np.random.default_rng(4)
+    book = VerdictBook()
+    assert book.threshold("e", "a", CURVES, "x", 0, 0.9) == (0.9, "static")
+    for i, s in enumerate(rng.uniform(0.75, 1.0, 200)):  # wrong below ~0.85, right above
+        book.record(judged(f"y{i}", 0, float(s), bool(rng.random() < 1 / (1 + np.exp(40 * (s - 0.85))))))
+    cluster_theta, source = book.threshold("e", "a", CURVES, "never-judged", 0, 0.9)
+    assert source == "cluster" and 0.8 < cluster_theta < 0.95
+    book.record(judged("good", 0, 0.9))
+    good, source = book.threshold("e", "a", CURVES, "good", 0, 0.9)
+    assert source == "entry" and good <= cluster_theta + 0.005  # one verdict: about its cluster's
+    for s in (0.96, 0.97, 0.98):
+        book.record(judged("bad", 0, s, wrong=True))
+    bad, _ = book.threshold("e", "a", CURVES, "bad", 0, 0.9)
+    cluster_after, _ = book.threshold("e", "a", CURVES, "never-judged", 0, 0.9)
+    # Its wrong answers near the top count for its cluster too, but raise its own threshold most.
+    assert bad == NOTHING_SAFE and cluster_theta <= cluster_after < 0.99
+    # an entry of a cluster without verdicts takes the arm's curve
+    assert book.threshold("e", "a", CURVES, "elsewhere", 5, 0.9)[1] == "arm"
+
+
+def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream():
+    """Clusters with different boundaries, lookups at uniform similarities, a verdict on a quarter
+    of the hits and on every near-miss in a 0.1 band below the threshold used (the shadow checks):
+    the wrong share of hits stays within δ, most lookups are decided by a cluster's or an entry's
+    own curve, and it serves a useful share (the per-cluster oracle serves ~32%, a global cut ~22%)."""
+    rng = np.random.default_rng(1)
+    boundaries = rng.uniform(0.75, 0.92, 12)
+    entry_cluster = rng.integers(0, 12, 600)
+    book, hits, wrongs, sources = VerdictBook(), 0, 0, []
+    for _ in range(6000):
+        entry = int(rng.integers(0, 600))
+        cluster = int(entry_cluster[entry])
+        s = float(rng.uniform(0.6, 1.0))
+        wrong = bool(rng.random() < 1.0 / (1.0 + np.exp(40.0 * (s - boundaries[cluster]))))
+        theta, source = book.threshold("e", "a", CURVES, f"x{entry}", cluster, 0.9)
+        sources.append(source)
+        if s >= theta:
+            hits, wrongs = hits + 1, wrongs + wrong
+            if rng.random() < 0.25:
+                book.record(judged(f"x{entry}", cluster, s, wrong))
+        elif s >= theta - 0.1:
+            book.record(judged(f"x{entry}", cluster, s, wrong))
+    assert wrongs / hits <= CURVES.delta + 0.01
+    assert hits / 6000 >= 0.12
+    assert (sources.count("entry") + sources.count("cluster")) / len(sources) >= 0.8
