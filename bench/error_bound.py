@@ -216,22 +216,25 @@ def run(stream: Stream, args) -> dict:
     for t, r in sweep.items():
         print(f"  {t:.2f}            {r['hit_rate']:6.1%}     {r['false_hit_rate']:6.1%}")
     result = {"stream": stream.name, "warm": len(stream.warm_texts), "live": len(stream.live_texts),
-              "global": {f"{t:.2f}": r for t, r in sweep.items()}, "best_global": {}, "error_bounded": {}}
+              "global": {f"{t:.2f}": r for t, r in sweep.items()}, "best_global": {},
+              "error_bounded": {name: {} for name in args.estimators}}
     for delta in args.deltas:
         fitting = [t for t, r in sweep.items() if r["false_hit_rate"] <= delta]
         best = min(fitting) if fitting else None
-        arm = ArmConfig(name=f"bound-{delta}", threshold=args.start,
-                        threshold_policy={"kind": "error_bounded", "delta": delta, "confidence": args.confidence})
-        bounded = simulate(prepared, arm, **opts)
         result["best_global"][str(delta)] = None if best is None else {"threshold": best, **sweep[best]}
-        result["error_bounded"][str(delta)] = bounded
         base = sweep[best] if best is not None else None
         print(f"δ={delta:.2f}: best global cut {'none' if best is None else f'{best:.2f}'}"
-              + ("" if base is None else f" hit {base['hit_rate']:.1%} false {base['false_hit_rate']:.1%}")
-              + f" | error-bounded hit {bounded['hit_rate']:.1%} false {bounded['false_hit_rate']:.1%}"
-              f" (2nd half: hit {bounded['second_half']['hit_rate']:.1%} false "
-              f"{bounded['second_half']['false_hit_rate']:.1%}), verdicts {bounded['verdicts']}, decided by "
-              + ", ".join(f"{k} {v:.0%}" for k, v in bounded["source_share"].items()))
+              + ("" if base is None else f" hit {base['hit_rate']:.1%} false {base['false_hit_rate']:.1%}"))
+        for name in args.estimators:
+            arm = ArmConfig(name=f"bound-{name}-{delta}", threshold=args.start,
+                            threshold_policy={"kind": "error_bounded", "delta": delta, "estimator": name,
+                                              "confidence": args.confidence})
+            bounded = simulate(prepared, arm, **opts)
+            result["error_bounded"][name][str(delta)] = bounded
+            print(f"   {name:>9}: hit {bounded['hit_rate']:.1%} false {bounded['false_hit_rate']:.1%}"
+                  f" (2nd half: hit {bounded['second_half']['hit_rate']:.1%} false "
+                  f"{bounded['second_half']['false_hit_rate']:.1%}), verdicts {bounded['verdicts']}, decided by "
+                  + ", ".join(f"{k} {v:.0%}" for k, v in bounded["source_share"].items()), flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")
     return result
 
@@ -242,26 +245,35 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(results), 3, figsize=(16, 4.6 * len(results)), squeeze=False)
+    styles = {"curves": ("*", "-"), "staircase": ("x", ":")}
+    colours = dict(zip(DELTAS, ("tab:blue", "tab:orange", "tab:green")))
     for row, result in zip(axes, results):
         sweep = result["global"]
         row[0].plot([r["false_hit_rate"] for r in sweep.values()], [r["hit_rate"] for r in sweep.values()],
                     "o-", color="grey", ms=3, label="global thresholds 0.70–0.99")
-        for delta, r in result["error_bounded"].items():
-            row[0].plot(r["false_hit_rate"], r["hit_rate"], "*", ms=13, label=f"error-bounded δ={delta}")
-            row[0].axvline(float(delta), ls=":", lw=0.8, color="k")
+        for name, by_delta in result["error_bounded"].items():
+            for delta, r in by_delta.items():
+                row[0].plot(r["false_hit_rate"], r["hit_rate"], styles.get(name, ("o", "-"))[0], ms=11,
+                            color=colours.get(float(delta)), label=f"{name} δ={delta}")
+        for delta in result["best_global"]:
+            row[0].axvline(float(delta), ls=":", lw=0.8, color=colours.get(float(delta), "k"))
         row[0].set(xlabel="false-hit rate (wrong share of hits)", ylabel="hit rate", title=result["stream"])
         row[0].legend(fontsize=7)
         for col, metric in ((1, "false_hit_rate"), (2, "hit_rate")):
-            for delta, r in result["error_bounded"].items():
-                line, = row[col].plot([w["start"] for w in r["windows"]], [w[metric] for w in r["windows"]],
-                                      label=f"error-bounded δ={delta}")
-                best = result["best_global"][delta]
+            for name, by_delta in result["error_bounded"].items():
+                for delta, r in by_delta.items():
+                    row[col].plot([w["start"] for w in r["windows"]], [w[metric] for w in r["windows"]],
+                                  ls=styles.get(name, ("o", "-"))[1], color=colours.get(float(delta)),
+                                  label=f"{name} δ={delta}")
+            for delta, best in result["best_global"].items():
                 if best is not None:
                     row[col].plot([w["start"] for w in best["windows"]], [w[metric] for w in best["windows"]],
-                                  ls="--", color=line.get_color(), label=f"best global for {delta} ({best['threshold']})")
+                                  ls="--", lw=0.8, color=colours.get(float(delta)),
+                                  label=f"best global for {delta} ({best['threshold']})")
                 if metric == "false_hit_rate":
-                    row[col].axhline(float(delta), ls=":", lw=0.8, color=line.get_color())
-            row[col].set(xlabel="live query", ylabel=metric.replace("_", " "), title=f"{metric.replace('_', ' ')} over time")
+                    row[col].axhline(float(delta), ls=":", lw=0.8, color=colours.get(float(delta)))
+            row[col].set(xlabel="live query", ylabel=metric.replace("_", " "),
+                         title=f"{metric.replace('_', ' ')} over time (solid: curves, dotted: staircase)")
             row[col].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -281,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=500)
     parser.add_argument("--grid", type=float, nargs="+", default=list(GLOBAL_GRID), help="global thresholds")
     parser.add_argument("--deltas", type=float, nargs="+", default=list(DELTAS))
+    parser.add_argument("--estimators", nargs="+", choices=("curves", "staircase"),
+                        default=["staircase", "curves"], help="the error-bounded estimators compared")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mix-gptcache", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/error_bound"))
