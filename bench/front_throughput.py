@@ -20,7 +20,8 @@ The builds take turns within each round (order flipped every round), so both see
 load; the after/before ratios are computed per round and their median printed (a 2-core machine
 shared with other work: compare the ratios, not the absolute figures across runs). A bare encode of
 one query (the model alone, in this process) is timed between levels for the "p50 at concurrency 1
-vs one encode" figure.
+vs one encode" figure. Each level reports the service's CPU per lookup, all threads and the event
+loop's (main) thread alone: the rest is the encoder's.
 
 Writes bench/results/front_throughput[-TAG].json.
 """
@@ -50,7 +51,6 @@ def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
     import uvicorn
 
     from bench.lookup_latency import NullPublisher, corpus_vectors, fill, registry_for
-    from cache_core.embedding.batching import BatchingEncoder
     from cache_core.embedding.load import load_embedder
     from cache_core.logs import configure_logging
     from cache_core.service.app import create_app
@@ -62,7 +62,8 @@ def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
     configure_logging(settings.log_level, settings.log_format)
     embedder = load_embedder(CacheSettings(encoder_backend=backend))
     texts, answers, vectors = corpus_vectors(embedder, entries)
-    app = create_app(build_components(settings, NullPublisher(), BatchingEncoder(embedder),
+    # the bare model: each build wraps it in its own encoder front (batching, workers) from its settings
+    app = create_app(build_components(settings, NullPublisher(), embedder,
                                       registry=registry_for("hnsw", entries, 0.1)))
     set_search_threads(2)
     fill(app.state.components.cache, texts, answers, vectors)
@@ -138,10 +139,16 @@ class Build:
             await asyncio.sleep(1)
         raise TimeoutError(f"{self.name} not ready in {timeout_s} s")
 
-    def cpu_s(self) -> float:
-        """User + system CPU seconds the service process has used so far (all its threads)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu_s(self) -> tuple[float, float]:
+        """User + system CPU seconds the service process has used so far: all its threads, and its
+        main thread alone (the event loop's: HTTP, routing, validation, search, logging; the others
+        are the encoder's and the background workers')."""
+        def seconds(stat: Path) -> float:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        pid = self.process.pid
+        return seconds(Path(f"/proc/{pid}/stat")), seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)  # uvicorn re-raises it: KeyboardInterrupt, so the profile is written
@@ -276,9 +283,12 @@ async def run(args) -> dict:
                 for c in args.concurrency:
                     result.setdefault("bare_encode_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, queries[:40]), 2)
                     for name in order:
-                        cpu = builds[name].cpu_s()
+                        cpu, loop_cpu = builds[name].cpu_s()
                         level = await drive(builds[name], queries, f"{r}{name}", c, args.seconds)
-                        level["cpu_ms_per_lookup"] = round((builds[name].cpu_s() - cpu) * 1000 / max(level["requests"], 1), 2)
+                        cpu_after, loop_after = builds[name].cpu_s()
+                        per = 1000 / max(level["requests"], 1)
+                        level["cpu_ms_per_lookup"] = round((cpu_after - cpu) * per, 2)
+                        level["loop_cpu_ms_per_lookup"] = round((loop_after - loop_cpu) * per, 2)
                         result[name][f"c{c}"] = level
                         print(json.dumps({"round": r, "build": name, "concurrency": c, **result[name][f"c{c}"]}),
                               flush=True)
@@ -294,7 +304,8 @@ async def run(args) -> dict:
             for c in args.concurrency}
     if args.before:
         out["after_over_before_median"] = {
-            f"c{c}": {m: ratios(rounds, f"c{c}", m) for m in ("lookups_per_s", "p50_ms", "p99_ms", "cpu_ms_per_lookup")}
+            f"c{c}": {m: ratios(rounds, f"c{c}", m) for m in ("lookups_per_s", "p50_ms", "p99_ms", "cpu_ms_per_lookup",
+                                                     "loop_cpu_ms_per_lookup")}
             for c in args.concurrency}
     return out
 
