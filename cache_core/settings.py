@@ -81,6 +81,14 @@ class CacheSettings(_Documented):
     # single-query p50 16 ms with 1 thread, 89 ms with 2; bench/encoder_speed.py).
     encoder_threads: int | None = Field(1, ge=1)
     """Intra-op threads of the encoder (torch or ONNX Runtime); None: all cores."""
+    encoder_workers: int = Field(2, ge=1)
+    """Threads that encode concurrent requests at once, sharing the model (each with
+    ``encoder_threads`` intra-op threads): with one worker the encoder uses one core however many
+    requests wait (bench/front_throughput.py: two on this 2-core machine)."""
+    encoder_max_batch: int = Field(8, ge=1)
+    """At most this many queued texts go into one encode. Bigger batches did not encode faster per
+    text here (onnx-int8, short queries: 4.3 ms a text in 4s, 5.0 in 16s, 5.4 in 32s, 5.8 alone, one
+    loaded run of bench/encoder_speed-style timing) and let one worker take the whole queue."""
     embedding_cache_entries: int = Field(10_000, ge=0)
     """Texts whose embeddings an exact-text LRU keeps in front of the encoder, so a question
     asked again skips the model (0: off). About 1.6 kB each at 384 dimensions."""

@@ -1,4 +1,4 @@
-"""Micro-batching: concurrent requests encoded together by one worker thread."""
+"""Micro-batching: concurrent requests encoded together by the worker threads that own the model."""
 from __future__ import annotations
 
 import logging
@@ -18,31 +18,42 @@ _STOP = object()
 
 
 class BatchingEncoder:
-    """Encodes concurrent requests together, in one worker thread that owns the model.
+    """Encodes concurrent requests together, in ``workers`` threads that share the model.
 
-    Greedy by default (``max_wait_ms=0``): the worker takes whatever is queued when
+    Greedy by default (``max_wait_ms=0``): a worker takes whatever is queued when
     it becomes free (up to ``max_batch`` texts) and never waits for company, so a
     lone request pays no batching delay, while under load the requests that
     arrived during the previous encode form the next batch. (A 2 ms wait measured
     3.6 ms added to a 4.5 ms encode at p50.) ``max_wait_ms > 0`` waits for more.
 
+    ``workers > 1``: that many threads encode at once (the model must allow concurrent
+    calls: ONNX Runtime sessions and torch inference do, each releasing the GIL while it
+    computes). With one intra-op thread per call, that is how the encoder uses more than
+    one core; ``max_batch`` then also bounds how much of the queue one worker takes, so
+    the others get a share (bench/front_throughput.py).
+
     Callers block on a future; a model error is raised in every caller of that batch.
     """
 
-    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0):
+    def __init__(self, inner: Embedder, max_batch: int = 32, max_wait_ms: float = 0.0, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
         self.inner = inner
         self.dim = inner.dim
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.batches = 0
         self.texts_encoded = 0
+        self._counts = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"embedder-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, texts: list[str]) -> Future:
         """Queue ``texts``; the future gives (vectors, norms). For async callers."""
-        if not self._thread.is_alive():
+        if not any(thread.is_alive() for thread in self._threads):
             raise EmbedderError("encoder is closed")
         future: Future = Future()
         self._queue.put((list(texts), future))
@@ -55,8 +66,11 @@ class BatchingEncoder:
         return self.encode_with_norms(texts)[0]
 
     def close(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(timeout=10)
+        for _ in self._threads:  # each worker takes one stop, after the texts queued before it
+            self._queue.put(_STOP)
+        deadline = time.monotonic() + 10
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while True:
@@ -91,8 +105,9 @@ class BatchingEncoder:
             for _, future in batch:
                 future.set_exception(exc)
             return
-        self.batches += 1
-        self.texts_encoded += len(texts)
+        with self._counts:
+            self.batches += 1
+            self.texts_encoded += len(texts)
         start = 0
         for item_texts, future in batch:
             end = start + len(item_texts)

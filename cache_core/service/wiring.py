@@ -212,7 +212,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     ``stats``; ``publish_entry`` with ``replicate``). Nothing starts until ``Components.start()``.
 
     ``embedder``: loaded from ``settings.cache`` unless given; concurrent requests share it through one
-    micro-batching encoder thread (a ``BatchingEncoder`` given is used as is, not closed).
+    micro-batching encoder (``settings.cache.encoder_workers`` threads; a ``BatchingEncoder`` given is used as
+    is, not closed).
     ``persistence``: restores the cache at start, logs every change, snapshots in the background
     and once more at stop. ``control_publisher``: sends admin config changes (default:
     ``cache_core.publish.control_topic.publish_confirmed`` to ``settings.kafka``). ``event_executor``: finishes
@@ -227,7 +228,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     own_tracing = tracing is None
     tracing = build_tracing(settings.tracing, instance_id) if own_tracing else tracing
     own_encoder = not isinstance(embedder, BatchingEncoder)
-    encoder = BatchingEncoder(embedder or load_embedder(settings.cache)) if own_encoder else embedder
+    encoder = BatchingEncoder(embedder or load_embedder(settings.cache), max_batch=settings.cache.encoder_max_batch,
+                              workers=settings.cache.encoder_workers) if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
     own_worker = event_executor is None
     event_executor = EventWorker() if own_worker else event_executor

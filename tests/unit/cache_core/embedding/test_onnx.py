@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from cache_core.embedding.batching import BatchingEncoder
+from cache_core.embedding.embedder import EmbedderError
 from cache_core.embedding.load import load_embedder
 from cache_core.embedding.onnx import OnnxEmbedder, ensure_onnx_export, export_key, onnx_export_dir
 from cache_core.settings import CacheSettings
@@ -142,3 +143,23 @@ def test_greedy_batching_groups_requests_queued_during_an_encode():
         t.join(10)
     encoder.close()
     assert inner.calls == [1, 5]
+
+
+def test_a_second_worker_encodes_while_the_first_is_busy():
+    inner = GatedEmbedder()
+    encoder = BatchingEncoder(inner, max_batch=2, workers=2)
+    try:
+        first = encoder.submit(["slow"])
+        while not inner.calls:  # the first worker holds the gated call
+            threading.Event().wait(0.001)
+        second = encoder.submit(["a", "b", "c"])  # over max_batch: whole requests, not split
+        vecs, norms = second.result(timeout=10)  # answered by the other worker meanwhile
+        assert vecs.shape == (3, 2) and not first.done()
+        inner.release.set()
+        assert first.result(timeout=10)[0].shape == (1, 2)
+    finally:
+        inner.release.set()
+        encoder.close()
+    assert encoder.texts_encoded == 4 and encoder.batches == 2
+    with pytest.raises(EmbedderError, match="closed"):
+        encoder.submit(["late"])
