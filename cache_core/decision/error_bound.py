@@ -102,6 +102,11 @@ def wrong_upper_bound(wrong: int, n: int, confidence: float) -> float:
     return float(beta.ppf(confidence, wrong + 1, n - wrong))
 
 
+@lru_cache(maxsize=64)
+def _quantile(confidence: float) -> float:
+    return float(norm.ppf(confidence))
+
+
 def certified_threshold(similarities: np.ndarray, wrong: np.ndarray,
                         policy: ErrorBoundedThresholds) -> float | None:
     """The lowest grid threshold the verdicts certify (module docstring), ``NOTHING_SAFE`` if
@@ -188,8 +193,11 @@ class Judged:
 class VerdictBook:
     """Verdicts per (experiment, arm) at three levels, and the thresholds they certify.
 
-    Thread-safe; ``threshold`` is on the lookup path (a dict lookup, or one recompute of a few
-    thousand verdicts after a new verdict: well under a millisecond)."""
+    Thread-safe; ``threshold`` is on the lookup path: a few dict lookups when nothing changed
+    (~10 µs), a refit of the level's curve and threshold after a new verdict on it (~0.5 ms), and
+    every ``REFIT_SHARE`` of the arm's window one refit of the arm's curve over up to
+    ``ARM_WINDOW`` verdicts, warm-started from the last (a few ms; measured on a loaded 2-core
+    machine)."""
 
     def __init__(self):
         self._arms: dict[tuple[str, str], _ArmVerdicts] = {}
@@ -277,9 +285,10 @@ def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, en
         return static, "static"
     if verdicts.fitted_at < 0 or arm.added - verdicts.fitted_at >= max(1, int(REFIT_SHARE * len(arm.verdicts))):
         sims, wrong = arm.arrays()
-        arm.curve = ((verdicts.generation + 1,), error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov)))
+        last = None if arm.curve is None else arm.curve[1].mean
+        arm.curve = ((verdicts.generation + 1,), error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov), last))
         verdicts.generation, verdicts.fitted_at, verdicts.population = verdicts.generation + 1, arm.added, sims
-    z = float(norm.ppf(policy.confidence))
+    z = _quantile(policy.confidence)
     arm_key, arm_curve = arm.curve
     levels = [(arm, arm_key, arm_curve, None, "arm")]
     cluster_window = verdicts.clusters.get(cluster)
@@ -306,7 +315,8 @@ def _child(window: _Window, parent_level: tuple, spread: np.ndarray, source: Thr
     key = parent_key + (window.added,)
     if window.curve is None or window.curve[0] != key:
         sims, wrong = window.arrays()
-        window.curve = (key, error_curves.fit(sims, wrong, parent_curve.as_prior(spread)))
+        last = None if window.curve is None else window.curve[1].mean
+        window.curve = (key, error_curves.fit(sims, wrong, parent_curve.as_prior(spread), last))
     return window, key, window.curve[1], parent_curve, source
 
 

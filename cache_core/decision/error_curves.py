@@ -76,18 +76,20 @@ class Curve:
 ARM_PRIOR = Curve(ARM_PRIOR_MEAN, ARM_PRIOR_COV)
 
 
-def fit(sims: np.ndarray, wrong: np.ndarray, prior: tuple[np.ndarray, np.ndarray]) -> Curve:
+def fit(sims: np.ndarray, wrong: np.ndarray, prior: tuple[np.ndarray, np.ndarray],
+        start: np.ndarray | None = None) -> Curve:
     """The posterior mode and covariance of (a, b) given verdicts ``(sims, wrong)`` and a Gaussian
     ``prior`` (mean, covariance); with no verdicts, the prior itself. The slope is held at or below
     ``MAX_SLOPE`` (monotone: where the verdicts say wrong odds rise with similarity, the level gets
-    a flat curve at its wrong share)."""
+    a flat curve at its wrong share). ``start``: where Newton starts (e.g. the last fit's mode: a
+    refit after a few new verdicts then takes a step or two); the prior's mean by default."""
     prior_mean, prior_cov = prior
     if len(sims) == 0:
         return Curve(np.array(prior_mean, dtype=np.float64), np.array(prior_cov, dtype=np.float64))
     x = np.column_stack([np.ones(len(sims)), np.asarray(sims, dtype=np.float64) - CENTRE])
     y = np.asarray(wrong, dtype=np.float64)
     precision = np.linalg.inv(prior_cov)
-    theta = np.array(prior_mean, dtype=np.float64)
+    theta = np.array(prior_mean if start is None else start, dtype=np.float64)
     free = np.array([True, True])
     for _ in range(2):  # a second pass only if the slope had to be pinned
         for _ in range(NEWTON_STEPS):
