@@ -1,7 +1,8 @@
 """Error-bounded thresholds vs global thresholds, replaying banking77 (issue 25 part 3).
 
 ``python -m bench.error_bound [--hit-share 0.25] [--near-miss-share 1.0] [--band 0.1]
-[--start 0.90] [--warm-share 1.0] [--mix-gptcache] [--out bench/results/error_bound]``
+[--start 0.90] [--warm-share 1.0] [--estimators staircase curves] [--mix-gptcache]
+[--out bench/results/error_bound]``
 
 banking77 train.csv warms the cache (answer = the intent), test.csv is the live traffic,
 in file order (with ``--warm-share`` below 1 a seeded share of train warms and the rest of
@@ -14,7 +15,8 @@ into the same ``VerdictBook`` ``HitRule.decide`` reads. Intent clusters are the 
 
 Compared, each on the same stream: global thresholds on a grid, the best global cut for
 each δ (chosen on this very stream: an oracle no deployment has, so a generous baseline),
-and the error-bounded policy at δ = 0.02, 0.05, 0.10 starting from ``--start``. Printed and
+and the error-bounded policy at δ = 0.02, 0.05, 0.10 starting from ``--start``, once per
+``--estimators`` (the curves estimator and the staircase it replaced, by default). Printed and
 written: realised false-hit rate (wrong share of hits) and hit rate overall and per window
 of ``--window`` queries, the share of lookups each level decided, and a PNG.
 ``--mix-gptcache`` adds GPTCache's mock pairs (origin stored, paraphrase queried; correct if
