@@ -169,7 +169,8 @@ def text_key(query: str) -> str:
 
 def entry_bytes(query: str, answer: str, embedding: np.ndarray) -> int:
     """What an entry is charged against its store's capacity_bytes."""
-    # Embedding counted twice: the entry keeps one, the index (and its exact twin) more.
+    # Embedding counted twice: the entry keeps one, the index up to another (its float32 reference for the
+    # float kinds; the compressed kinds keep fp16 or only their codes, cache_core.store.reference).
     return len(query.encode()) + len(answer.encode()) + 2 * embedding.nbytes + ENTRY_OVERHEAD_BYTES
 
 

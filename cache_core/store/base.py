@@ -2,7 +2,7 @@
 
 Vectors are L2-normalised float32 rows, so a score is a cosine. An index maps the
 cache's string entry ids to vectors; it is not thread-safe (the partition's lock is held
-around every call). Besides ANN search, it keeps an exact twin the partition can scan in
+around every call). Besides ANN search, it keeps a reference copy the partition can scan in
 short steps, which is what the sampled ANN-vs-exact check compares against.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class VectorStore(Protocol):
         ...
 
     def exact_rows(self) -> int:
-        """Rows of the exact twin."""
+        """Rows of the reference copy."""
         ...
 
     def exact_block_many(self, mat: np.ndarray, start: int, stop: int, k: int,

@@ -1,15 +1,19 @@
-"""FAISS vector indexes behind one small class, with an exact twin for ANN checks.
+"""FAISS vector indexes behind one small class, with a reference copy for re-scoring
+and ANN checks.
 
-Vectors are L2-normalised, so inner product is cosine similarity. Every index
-keeps an exact ``IndexIDMap2(IndexFlatIP)`` over the same live vectors: it is
-the search structure for ``flat``, the pre-training fallback for the kinds that
-train (``ivf``, ``ivf_pq``, int8/int4 scalar quantisers), the source for rebuilds,
-the exact re-score of the compressed and hashed kinds' candidates, and the reference
-for ``exact_search`` (ANN precision). The kinds' structures: ``cache_core.store.kinds``.
+Vectors are L2-normalised, so inner product is cosine similarity. Every index keeps a
+reference over the same live vectors (cache_core.store.reference): float32 for the float
+kinds, fp16 for the int4 / PQ / graph-over-SQ / hashed kinds, and none beyond the
+structure's own codes for the fp16 and int8 scalar quantisers (flat or IVF), which is
+what lets an ``ivf_sq_int8`` store hold 10^6 entries in under 600 B each, all in
+(``bench/index_kinds.py --all-in``). The reference is the search structure for ``flat``,
+the pre-training fallback (in float32) for the kinds that train, the source for rebuilds,
+what the candidates of the approximate kinds are re-scored from, and what ``exact_search``
+and the ANN check's stepped scan read. The kinds' structures: ``cache_core.store.kinds``.
 
 Deletion: kinds whose FAISS structure has ``remove_ids`` use it; the graph and hash
 kinds (``hnsw*``, ``semhash``) do not, so removed ids become tombstones filtered at
-search time, and the structure is rebuilt from the exact twin once tombstones exceed
+search time, and the structure is rebuilt from the reference once tombstones exceed
 ``rebuild_fraction`` of its size.
 Not thread-safe: the owning cache partition holds a lock around every call.
 """
@@ -21,6 +25,7 @@ import faiss
 import numpy as np
 
 from cache_core.store import kinds as index_kinds
+from cache_core.store.reference import CodesReference, FlatReference
 from cache_core.experiments import ArmConfig, IndexKind
 
 # FAISS warns below ~39 training points per list; train only with that many.
@@ -84,15 +89,15 @@ def _as_matrix(vec: np.ndarray) -> np.ndarray:
 
 
 class VectorIndex:
-    """Maps string entry ids to vectors; ``search`` (ANN) and ``exact_search`` (brute force)."""
+    """Maps string entry ids to vectors; ``search`` (ANN) and ``exact_search`` (by the reference)."""
 
     def __init__(self, dim: int, spec: IndexSpec = IndexSpec(), rebuild_fraction: float = 0.2):
         self.dim = dim
         self.spec = spec
         self.rebuild_fraction = rebuild_fraction
-        self._exact = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         self._traits = index_kinds.traits(spec)
-        self._ann = None  # None: the exact twin answers (flat, or not trained yet)
+        self._ann = None  # None: the reference answers (flat, or not trained yet)
+        self._reference = FlatReference(dim, "fp32")
         self._tombstones: set[int] = set()
         self._next_id = 0
         self._id_of: dict[str, int] = {}
@@ -100,6 +105,7 @@ class VectorIndex:
         self.rebuilds = 0
         if self._traits.train_size == 0:
             self._ann = index_kinds.build(spec, dim)
+            self._reference = self._reference_for(self._ann)
 
     # -- public -----------------------------------------------------------------------
 
@@ -112,9 +118,18 @@ class VectorIndex:
         """For the kinds that train: whether their structure is in use (else flat fallback)."""
         return self._ann is not None
 
+    @property
+    def reference_precision(self) -> str:
+        """What candidates are re-scored from and exact scans read: fp32, fp16 or codes."""
+        return self._reference.precision
+
     def ann_bytes_per_entry(self) -> float:
-        """The ANN structure's size per entry (0 while the exact twin answers alone)."""
+        """The ANN structure's size per entry (0 while the reference answers alone)."""
         return index_kinds.bytes_per_entry(self._ann)
+
+    def reference_bytes_per_entry(self) -> float:
+        """The reference copy's codes and ids per entry (0 when it is the structure's codes)."""
+        return self._reference.nbytes() / len(self) if len(self) else 0.0
 
     def __len__(self) -> int:
         return len(self._id_of)
@@ -138,12 +153,7 @@ class VectorIndex:
         self._next_id += 1
         self._id_of[entry_id] = internal
         self._entry_of[internal] = entry_id
-        mat, ids = _as_matrix(vec), np.array([internal], dtype=np.int64)
-        self._exact.add_with_ids(mat, ids)
-        if self._ann is not None:
-            self._ann.add_with_ids(mat, ids)
-        elif self._traits.train_size and len(self) >= self._traits.train_size:
-            self._rebuild()
+        self._store(_as_matrix(vec), np.array([internal], dtype=np.int64))
 
     def add_many(self, entry_ids: list[str], vecs: np.ndarray) -> None:
         """Add new vectors in one FAISS call (an HNSW graph builds in parallel this way)."""
@@ -151,15 +161,10 @@ class VectorIndex:
             raise ValueError("add_many takes new, distinct entry ids; use add to replace")
         ids = np.arange(self._next_id, self._next_id + len(entry_ids), dtype=np.int64)
         self._next_id += len(entry_ids)
-        for entry_id, internal in zip(entry_ids, ids):
-            self._id_of[entry_id] = int(internal)
-            self._entry_of[int(internal)] = entry_id
-        mat = np.ascontiguousarray(np.asarray(vecs, dtype=np.float32))
-        self._exact.add_with_ids(mat, ids)
-        if self._ann is not None:
-            self._ann.add_with_ids(mat, ids)
-        elif self._traits.train_size and len(self) >= self._traits.train_size:
-            self._rebuild()
+        for entry_id, internal in zip(entry_ids, ids.tolist()):  # one int object for both maps
+            self._id_of[entry_id] = internal
+            self._entry_of[internal] = entry_id
+        self._store(np.ascontiguousarray(np.asarray(vecs, dtype=np.float32)), ids)
 
     def remove(self, entry_id: str) -> bool:
         """Remove one vector; False if it was not there."""
@@ -168,11 +173,14 @@ class VectorIndex:
             return False
         del self._entry_of[internal]
         ids = np.array([internal], dtype=np.int64)
-        self._exact.remove_ids(ids)
+        if self._reference.owns_rows:
+            self._reference.remove(ids)
         if self._ann is None:
             return True
         if self._traits.removes:
             self._ann.remove_ids(ids)
+            if not self._reference.owns_rows:
+                self._reference.changed()
         else:
             self._tombstones.add(internal)
             if len(self._tombstones) > self.rebuild_fraction * max(len(self), 1):
@@ -180,72 +188,77 @@ class VectorIndex:
         return True
 
     def search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Top-k (entry_id, cosine) from the ANN structure (exact for flat/untrained ivf)."""
+        """Top-k (entry_id, cosine) from the ANN structure (the reference's for flat/untrained)."""
         if self._ann is None:
             return self.exact_search(vec, k)
         # Ask for extra candidates so tombstoned ids do not shrink the answer.
-        if not self._traits.rescore:
+        if not self._traits.rescore or not self._reference.owns_rows:
             return self._run(self._ann, vec, k, extra=len(self._tombstones))
         wanted = max(k, self.spec.ann_candidates)
         return self._rescored(vec, self._run(self._ann, vec, wanted, extra=len(self._tombstones)), k)
 
     def exact_search(self, vec: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Brute-force top-k over the same live vectors: the ground truth for ANN checks."""
-        return self._run(self._exact, vec, k, extra=0)
+        """Brute-force top-k over the same live vectors, by the reference: the ground truth
+        for ANN checks."""
+        return self._run(self._reference, vec, k, extra=0)
 
     def exact_rows(self) -> int:
-        """Rows of the exact twin (the range ``exact_block_many`` scans)."""
-        return self._exact.ntotal
+        """Rows of the reference (the range ``exact_block_many`` scans)."""
+        return self._reference.rows()
 
     def exact_block_many(self, mat: np.ndarray, start: int, stop: int, k: int,
                          before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k of a batch of queries over rows [start, stop) of the exact twin, in
-        one matrix product and without copying it, so a caller can split a long brute-force
-        search into short steps and release its lock in between (rows shift on removal: the
-        caller must restart if the index changed between steps). Per query (row of
-        ``mat``) the scores and internal ids of its top-k among rows [start, stop), in no
-        particular order, shape (queries, min(k, rows)). Internal ids stay internal so
-        the caller can merge blocks cheaply; ``labels`` names them at the end. With
-        ``before`` (one internal id per query), rows added at or after it score -inf for
-        that query."""
-        flat = faiss.downcast_index(self._exact.index)
-        total = flat.ntotal
-        start, stop = max(0, start), min(stop, total)
-        queries = len(mat)
-        if stop <= start or k <= 0:
-            return np.zeros((queries, 0), dtype=np.float32), np.zeros((queries, 0), dtype=np.int64)
-        rows = faiss.rev_swig_ptr(flat.get_xb(), total * self.dim).reshape(total, self.dim)
-        ids = faiss.rev_swig_ptr(self._exact.id_map.data(), total)
-        # One GEMM instead of a GEMV per query. Rows x queries, not the transpose: OpenBLAS
-        # then streams the block once (measured, 10^5 x 384 in 2048-row blocks, 1 thread:
-        # 8 queries 31 ms against 49 ms, 64 queries 67 against 75).
-        scores = rows[start:stop] @ mat.T  # (rows, queries)
-        if before is not None and ids[start:stop].max() >= before.min():  # most blocks: nothing newer
-            scores[ids[start:stop][:, None] >= before[None, :]] = -np.inf
-        if scores.shape[0] > k:
-            top = np.argpartition(scores, -k, axis=0)[-k:]  # (k, queries)
-            scores = scores[top, np.arange(queries)]
-        else:
-            top = np.broadcast_to(np.arange(scores.shape[0])[:, None], scores.shape)
-        return scores.T, ids[start:stop][top].T.astype(np.int64)
+        """Exact top-k of a batch of queries over rows [start, stop) of the reference, so a
+        caller can split a long brute-force search into short steps and release its lock in
+        between (rows shift on removal: the caller must restart if the index changed between
+        steps). Per query (row of ``mat``) the scores and internal ids of its top-k among
+        rows [start, stop), in no particular order, shape (queries, up to k); an id of -1
+        (score -inf) is a slot nothing filled. Internal ids stay internal so the caller can
+        merge blocks cheaply; ``labels`` names them at the end. With ``before`` (one
+        internal id per query), rows added at or after it score -inf for that query."""
+        return self._reference.block_many(np.ascontiguousarray(mat, dtype=np.float32), start, stop, k, before)
 
     def labels(self, internal_ids) -> list[str | None]:
         """Entry ids of internal ids (None for one that is no longer live)."""
         return [self._entry_of.get(int(i)) for i in internal_ids]
 
     def vector(self, entry_id: str) -> np.ndarray:
-        return self._exact.reconstruct(self._id_of[entry_id])
+        """The entry's vector as the reference holds it (fp16 / codes: decoded)."""
+        return self._reference.vectors(np.array([self._id_of[entry_id]], dtype=np.int64))[0]
 
     def entry_ids(self) -> list[str]:
         return list(self._id_of)
 
     def rescore(self, vec: np.ndarray, found: list[tuple[str, float]], k: int) -> list[tuple[str, float]]:
-        """``found``'s exact cosines from the twin, best first, the top ``k`` (live ids only)."""
+        """``found``'s cosines from the reference, best first, the top ``k`` (live ids only)."""
         return self._rescored(vec, found, k)
 
     # -- internals --------------------------------------------------------------------
 
-    def _run(self, index: faiss.Index, vec: np.ndarray, k: int, extra: int) -> list[tuple[str, float]]:
+    def _store(self, mat: np.ndarray, ids: np.ndarray) -> None:
+        if self._reference.owns_rows:
+            self._reference.add(mat, ids)
+        if self._ann is not None:
+            self._ann.add_with_ids(mat, ids)
+            if not self._reference.owns_rows:
+                self._reference.changed()
+        elif self._traits.train_size and len(self) >= self._traits.train_size:
+            self._rebuild()
+
+    def _reference_for(self, ann) -> FlatReference | CodesReference:
+        """The reference to keep beside a (new) structure ``ann``, filled from the current one."""
+        precision = index_kinds.reference_precision(self.spec) if ann is not None else "fp32"
+        if precision == "codes":
+            return CodesReference(ann, self.dim)
+        if precision == self._reference.precision:
+            return self._reference
+        vecs, ids = self._reference.all()
+        reference = FlatReference(self.dim, precision)
+        if len(ids):
+            reference.add(vecs, ids)
+        return reference
+
+    def _run(self, index, vec: np.ndarray, k: int, extra: int) -> list[tuple[str, float]]:
         if len(self) == 0 or k <= 0:
             return []
         want = min(k + extra, index.ntotal)
@@ -260,27 +273,24 @@ class VectorIndex:
         return out
 
     def _rescored(self, vec: np.ndarray, found: list[tuple[str, float]], k: int) -> list[tuple[str, float]]:
-        """The candidates' exact cosines from the twin, best first, the top ``k``."""
+        """The candidates' cosines from the reference, best first, the top ``k``."""
         if not found:
             return []
         internal = np.array([self._id_of[e] for e, _ in found], dtype=np.int64)
-        scores = self._exact.reconstruct_batch(internal) @ _as_matrix(vec)[0]
+        scores = self._reference.vectors(internal) @ _as_matrix(vec)[0]
         order = np.argsort(-scores, kind="stable")[:k]
         return [(found[i][0], float(scores[i])) for i in order]
 
-    def _live(self) -> tuple[np.ndarray, np.ndarray]:
-        ids = faiss.vector_to_array(self._exact.id_map).astype(np.int64)
-        vecs = self._exact.index.reconstruct_n(0, self._exact.ntotal) if len(ids) else \
-            np.zeros((0, self.dim), dtype=np.float32)
-        return vecs, ids
-
     def _rebuild(self) -> None:
         """A new structure from the live vectors (trained on them if the kind trains);
-        below the kind's training size the exact twin answers until it is reached."""
-        vecs, ids = self._live()
+        below the kind's training size the reference answers (in float32) until it is
+        reached. The reference follows: converted, or the new structure's own codes."""
+        vecs, ids = self._reference.all()
         self._tombstones.clear()
         self.rebuilds += 1
         if self._traits.train_size and len(ids) < self._traits.train_size:
             self._ann = None
-            return
-        self._ann = index_kinds.build(self.spec, self.dim, vecs, ids)
+        else:
+            self._ann = index_kinds.build(self.spec, self.dim, vecs, ids)
+        del vecs, ids
+        self._reference = self._reference_for(self._ann)

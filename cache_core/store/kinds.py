@@ -1,8 +1,9 @@
 """The ANN structures behind ``VectorIndex``: one factory per index kind, plus the
 semantic-hash index (FAISS has the hash tables, not the fingerprints).
 
-Kinds and what they keep per entry (384-d MiniLM, FAISS structure only; the exact
-float32 twin that ``VectorIndex`` keeps for ANN checks and re-scoring is extra):
+Kinds and what they keep per entry (384-d MiniLM, FAISS structure only; the reference
+copy ``VectorIndex`` re-scores from and the ANN check scans is extra, at the precision
+``reference_precision`` gives: float32 1536 B, fp16 768 B, or none):
 
 * ``flat`` / ``ivf`` / ``hnsw``: float32 (1536 B, plus IVF ids or HNSW links).
 * ``sq_fp16`` / ``sq_int8`` / ``sq_int4``: ``IndexScalarQuantizer`` codes, scanned in
@@ -16,10 +17,12 @@ float32 twin that ``VectorIndex`` keeps for ANN checks and re-scoring is extra):
   defaults) plus an 8-byte id per entry in its inverted list.
 * ``semhash``: a 64-bit sign-projection fingerprint per entry (``SemanticHashIndex``).
 
-The quantised and hashed kinds return approximate scores. ``VectorIndex`` asks them
-for ``ann_candidates`` candidates and re-scores those exactly, so the similarity that
-meets an arm's threshold is always the true cosine; what compression costs is which
-entries make the candidate list, and that is what the online ANN check measures.
+The quantised and hashed kinds return approximate scores. The int4, PQ, graph-over-SQ
+and hashed kinds are asked for ``ann_candidates`` candidates, re-scored from an fp16 copy
+(within ~1e-3 of the float32 cosine). The fp16 and int8 scalar quantisers (flat or IVF)
+keep no copy: their codes are the reference, so the similarity that meets an arm's
+threshold is the codes' cosine (int8: within ~1e-2 of float32 on unit vectors), and the
+ANN check compares their probing with a scan of the same codes (cache_core.store.reference).
 """
 from __future__ import annotations
 
@@ -34,6 +37,13 @@ POINTS_PER_CENTROID = 39
 SQ_TRAIN_SIZE = 256
 HASH_BITS = 64
 
+# int8 / int4 ranges are learnt from the training sample's min and max per dimension,
+# widened by this fraction on each side: a later vector past the sample's range is clipped,
+# and with no float32 copy to re-score from, clipping is what the served cosine would lose
+# (measured on clustered unit vectors, 32-d / 384-d, trained on 256: max cosine error
+# 0.041 / 0.0063 unwidened, 0.0056 / 0.0032 at 0.1).
+SQ_RANGE_WIDENING = 0.1
+
 SQ_TYPES = {
     "fp16": faiss.ScalarQuantizer.QT_fp16,
     "int8": faiss.ScalarQuantizer.QT_8bit,
@@ -47,7 +57,7 @@ class KindTraits:
 
     train_size: int
     """Vectors needed before the structure is built (0: built empty, at once); until then
-    the exact twin answers."""
+    the reference answers, in float32."""
     removes: bool
     """Supports ``remove_ids``; otherwise removed ids are tombstones until a rebuild."""
     rescore: bool
@@ -77,9 +87,23 @@ def traits(spec) -> KindTraits:
     raise ValueError(f"unknown index kind {kind!r}")
 
 
+def reference_precision(spec) -> str:
+    """What ``VectorIndex`` keeps beside ``spec``'s trained structure to re-score candidates
+    and to scan exactly (cache_core.store.reference): ``fp32`` for the float kinds, ``codes``
+    (nothing more: the structure's own codes) for the fp16 / int8 scalar quantisers, flat or
+    IVF, and ``fp16`` for the rest. Only kinds with ``remove_ids`` may use their codes: a
+    tombstoned kind rebuilds from the reference, which must drop removed rows itself."""
+    kind = spec.kind
+    if kind in ("flat", "ivf", "hnsw"):
+        return "fp32"
+    if kind in ("sq_fp16", "sq_int8", "ivf_sq_fp16", "ivf_sq_int8"):
+        return "codes"
+    return "fp16"
+
+
 def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None = None,
           train: np.ndarray | None = None):
-    """A new ANN structure for ``spec`` (None for ``flat``: the exact twin answers),
+    """A new ANN structure for ``spec`` (None for ``flat``: the reference answers),
     trained on ``train`` (default: ``vecs``) when the kind trains, holding ``vecs`` under
     ``ids`` if given. Everything it returns takes ``add_with_ids``, ``search`` and ``ntotal``."""
     kind = spec.kind
@@ -124,11 +148,42 @@ def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None
                                   seed=spec.semhash_seed)
     else:
         raise ValueError(f"unknown index kind {kind!r}")
+    _widen_ranges(index)
     if vecs is not None and len(vecs):
         if not index.is_trained:
             index.train(vecs if train is None else train)
         index.add_with_ids(vecs, ids)
+        _compact_lists(index)
     return index
+
+
+def _compact_lists(index) -> None:
+    """Copy an IVF index's inverted lists into lists of exactly their size. FAISS adds in
+    blocks of 65,536 vectors, each growing every list's vectors geometrically: after a bulk
+    build of 10^6 int8 codes, the spare capacity was ~70 B per entry of resident memory
+    (``bench/index_kinds.py --all-in``). Lists grown by later single adds keep their slack."""
+    ivf = faiss.try_extract_index_ivf(index) if isinstance(index, faiss.Index) else None
+    if ivf is None:
+        return
+    old = ivf.invlists
+    fresh = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+    for lst in range(ivf.nlist):
+        size = old.list_size(lst)
+        if size:
+            fresh.add_entries(lst, size, old.get_ids(lst), old.get_codes(lst))
+    ivf.replace_invlists(fresh, True)
+    fresh.this.disown()  # the index owns (and frees) it now
+
+
+def _widen_ranges(index) -> None:
+    """Set ``SQ_RANGE_WIDENING`` on a scalar quantiser inside ``index`` (before training)."""
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if isinstance(inner, faiss.IndexHNSW):
+        inner = faiss.downcast_index(inner.storage)
+    sq = getattr(inner, "sq", None)
+    if sq is not None:
+        sq.rangestat = faiss.ScalarQuantizer.RS_minmax
+        sq.rangestat_arg = SQ_RANGE_WIDENING
 
 
 def bytes_per_entry(index) -> float:

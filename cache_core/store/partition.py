@@ -1,5 +1,5 @@
 """Partition: one store of the cache — its entries in LRU order, one vector index per
-conversation scope (cache_core.store.faiss), the exact twin's stepped scans for ANN
+conversation scope (cache_core.store.faiss), the reference's stepped scans for ANN
 checks, and its capacity (entries and bytes) with LRU eviction.
 
 Which partition a request reads and writes (per arm, or shared by an experiment's arms)
@@ -22,7 +22,7 @@ from cache_core.records import CacheEntry, Candidate, SearchOutcome, text_key
 SEARCH_K = 5
 # How far from the LRU end eviction looks for an unprotected / expired victim.
 EVICTION_SCAN = 64
-# The background ANN check scans the exact twin in steps of EXACT_BLOCK_ROWS rows,
+# The background ANN check scans the reference in steps of EXACT_BLOCK_ROWS rows,
 # releasing the partition lock in between (about 0.2 ms per step with 384 dimensions).
 # A batch of checks multiplies at most EXACT_BLOCK_CELLS query x row pairs per step
 # (16 queries: 2048 rows, 64: 512), so its lock hold stays about 1 ms (10^5 x 384, one

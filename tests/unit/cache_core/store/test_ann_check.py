@@ -41,6 +41,9 @@ ARMS = {
                               hnsw_m=8, hnsw_ef_search=8, ann_candidates=1, capacity_entries=10_000),
     "semhash": ArmConfig(name="a", threshold=0.99, ann_check_rate=1.0, index_kind="semhash",
                          ann_candidates=1, capacity_entries=10_000),
+    # No copy beside its int8 codes: the exact scan reads every inverted list of them.
+    "ivf_sq_int8": ArmConfig(name="a", threshold=0.99, ann_check_rate=1.0, index_kind="ivf_sq_int8",
+                             ivf_nlist=4, ivf_nprobe=1, capacity_entries=10_000),
 }
 
 

@@ -1,6 +1,7 @@
 """Compressed and hashed index kinds (cache_core.store.kinds behind VectorIndex): recall
-against exact search, exact re-scored similarities, removal, training fallback, bytes
-per entry, and the semantic hash's fingerprints and Hamming neighbourhood."""
+against exact search, similarities re-scored from the reference (fp16, or the codes
+themselves), no float32 copy kept once trained, removal, training fallback, bytes per
+entry, and the semantic hash's fingerprints and Hamming neighbourhood."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,16 +31,19 @@ def vectors() -> np.ndarray:
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind)
-def test_ann_agrees_with_exact_search_and_scores_are_exact(spec, vectors):
+def test_ann_agrees_with_exact_search_and_scores_are_the_references(spec, vectors):
     index = filled(spec, vectors)
     assert index.trained
+    assert index.reference_precision == index_kinds.reference_precision(spec) != "fp32"
     queries = clustered_vectors(100, dim=DIM, seed=1)
     agree = 0
     for query in queries:
         ann, exact = index.search(query, 5), index.exact_search(query, 5)
         agree += ann[0][0] == exact[0][0]
-        for entry_id, score in ann:  # re-scored: the true cosine, not the codes' estimate
-            assert score == pytest.approx(float(index.vector(entry_id) @ query), abs=1e-5)
+        for entry_id, score in ann:  # the reference's cosine (fp16 or the codes), near the float32 one
+            assert score == pytest.approx(float(index.vector(entry_id) @ query), abs=1e-4)
+            true = float(vectors[int(entry_id[1:])] @ query)
+            assert score == pytest.approx(true, abs=2e-3 if index.reference_precision == "fp16" else 2e-2)
         assert [s for _, s in ann] == sorted((s for _, s in ann), reverse=True)
     # Random hyperplanes rank a cluster's near-ties (cosine 0.9 to 0.95) by a noisy
     # Hamming distance: the hash is for near-duplicates (next test), not fine ranking.
@@ -60,7 +64,7 @@ def test_semhash_finds_near_duplicates(vectors):
 def test_self_is_top1_and_removed_ids_never_come_back(spec, vectors):
     index = filled(spec, vectors)
     entry, score = index.search(vectors[7], 1)[0]
-    assert entry == "e7" and score == pytest.approx(1.0, abs=1e-5)
+    assert entry == "e7" and score == pytest.approx(1.0, abs=1e-3 if index.reference_precision == "fp16" else 1e-2)
     for i in range(0, 200, 2):
         assert index.remove(f"e{i}")
     for i in range(0, 40, 2):
@@ -110,6 +114,43 @@ def test_bytes_per_entry_follow_the_code_size(vectors):
     assert sizes["ivf_sq_int8"] == pytest.approx(sizes["sq_int8"], rel=0.1)
     assert sizes["ivf_pq"] < sizes["sq_int8"]
     assert sizes["semhash"] == 8 + 8 + 8 * 8
+
+
+def test_references_hold_no_float32_copy_once_trained(vectors):
+    """The fp16 / int8 quantisers keep only their codes; the others an fp16 copy."""
+    for spec in SPECS:
+        index = filled(spec, vectors)
+        per_entry = index.reference_bytes_per_entry()
+        if index_kinds.reference_precision(spec) == "codes":
+            assert per_entry == 0.0, spec.kind
+        else:
+            assert per_entry == pytest.approx(DIM * 2 + 8), spec.kind
+    untrained = VectorIndex(DIM, IndexSpec("ivf_sq_int8", ivf_nlist=4))
+    untrained.add("a", vectors[0])
+    assert untrained.reference_precision == "fp32" and not untrained.trained
+
+
+@pytest.mark.parametrize("kind", ["ivf_sq_int8", "sq_int8", "semhash"])
+def test_stepped_exact_scan_of_the_reference_leaves_out_later_rows(kind, vectors):
+    """The ANN check's blocks (rows of the fp16 copy, or whole inverted lists of codes)
+    cover every row once, and a query's bound leaves out what was added after its lookup."""
+    index = VectorIndex(DIM, IndexSpec(kind, ivf_nlist=4, ivf_nprobe=1))
+    index.add_many([f"e{i}" for i in range(800)], vectors[:800])
+    mark = index.mark()
+    index.add_many([f"e{i}" for i in range(800, ENTRIES)], vectors[800:])
+    queries = vectors[[900, 901, 10]]
+    before = np.array([mark.next_id, mark.next_id, np.iinfo(np.int64).max], dtype=np.int64)
+    blocks = [index.exact_block_many(queries, start, start + 97, 5, before=before)
+              for start in range(0, index.exact_rows(), 97)]
+    scores = np.concatenate([b[0] for b in blocks], axis=1)
+    ids = np.concatenate([b[1] for b in blocks], axis=1)
+    for q, (row_scores, row_ids) in enumerate(zip(scores, ids)):
+        order = np.argsort(-row_scores, kind="stable")[:5]
+        found = index.labels(row_ids[order])
+        everything = index.exact_search(queries[q], ENTRIES)
+        allowed = [e for e, _ in everything if q == 2 or int(e[1:]) < 800][:5]
+        assert found == allowed
+    assert index.labels(ids[2][np.argsort(-scores[2])[:1]]) == ["e10"]
 
 
 def test_ivf_pq_needs_pq_m_to_divide_the_dimension():
