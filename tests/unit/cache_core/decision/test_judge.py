@@ -201,13 +201,42 @@ def test_token_cache_encodes_each_text_once_and_stays_bounded():
     assert calls[-1] == ["new question"]
 
 
-def test_the_blend_keeps_a_candidate_low_on_cosine_low_whatever_the_trees_say(artifact):
+@pytest.fixture(scope="module")
+def min_blend_artifact() -> JudgeArtifact:
+    return train(labelled_pairs(), [], fake_encode, fake_tokens, version="t1", encoder="fake", seed=3, blend="min")
+
+
+def test_the_blend_keeps_a_candidate_low_on_cosine_low_whatever_the_trees_say(min_blend_artifact):
+    artifact = min_blend_artifact
     assert artifact.blend is not None and artifact.blend.kind == "min"
     X = np.tile(np.median(np.array(artifact_features_sample()), axis=0), (2, 1))
     X[0, 0], X[1, 0] = 0.99, 0.05  # the same words, one far below every trained cosine
     high, low = artifact.probabilities(X)
     assert high > low
     assert artifact.blend(np.array([1e9]), np.array([-1.0]))[0] < 0.01
+
+
+def test_with_own_labels_the_blend_is_the_one_serving_most_on_their_held_out_rows():
+    from cache_core.decision.judge_train import choose_blend
+
+    rng = np.random.default_rng(0)
+    y = rng.random(2000) < 0.5
+    raw = np.where(y, 2.0, -2.0) + rng.normal(0, 0.5, 2000)  # the trees separate the kinds
+    useless_cosine = rng.random(2000)  # the cosine says nothing in this domain
+    split_at = 1000
+    choice = choose_blend(raw[:split_at], useless_cosine[:split_at], raw[split_at:], useless_cosine[split_at:],
+                          y[split_at:].astype(int))
+    assert choice["chosen"] is None and choice["served"]["none"] > 0.9 > choice["served"]["min"] + 0.3
+    tied = choose_blend(raw[:split_at], raw[:split_at], raw[split_at:], raw[split_at:], y[split_at:].astype(int))
+    assert tied["chosen"] == "min"  # the same order every way: the safest blend wins the tie
+
+
+def test_auto_blend_on_public_sets_alone_keeps_the_min_blend():
+    pairs = labelled_pairs(400, seed=4)
+    sources = ["a" if i % 2 else "b" for i in range(len(pairs))]
+    artifact = train([], pairs, fake_encode, fake_tokens, version="t9", encoder="fake", seed=1,
+                     extra_sources=sources)
+    assert artifact.blend.kind == "min" and artifact.report["blend_choice"] is None
 
 
 def artifact_features_sample():
