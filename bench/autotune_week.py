@@ -1,6 +1,6 @@
 """A simulated week of auto-tune, re-run every hour on a rolling window, under clustered users.
 
-    python -m bench.autotune_week [--weeks 200] [--out bench/results/autotune_week.json]
+    python -m bench.autotune_week [--weeks 200] [--out bench/results/autotune_week.json]  # and .png
 
 What issue 26 asks of the loop as it really runs: over a week of ``autotune --every``,
 P(auto-tune ever serves a threshold truly over the false-hit target) <= alpha.
@@ -31,7 +31,8 @@ Measured per scenario (share of weeks): ever *promoted* a truly over-target thre
 (served to every user: the goal, <= alpha), ever *recommended* one as a change (the
 bound's own claim), ever *tried* one on a canary (explorations try unknown thresholds on
 purpose; 10% of users see it until its test rolls it back), and how close the week ends
-to the best safe threshold (the power side).
+to the best safe threshold (the power side). Prints a table, writes the figures (with the
+hour-by-hour path of the served threshold) as JSON and draws them to the PNG beside it.
 """
 from __future__ import annotations
 
@@ -296,6 +297,7 @@ def run_scenario(s: Scenario, weeks: int, seed: int, check: bool = True, runs: i
     ever = {k: np.zeros(weeks, bool) for k in ("promoted_over", "recommended_over", "tried_over")}
     promotions = np.zeros(weeks, int)
     checks = 0
+    path = {k: [] for k in ("base_p10", "base_median", "base_p90", "canary_share", "over_served")}
     for run in range(runs):
         sim.traffic(run)
         runs_in = min(run + 1, LOOKBACK_RUNS)
@@ -311,6 +313,12 @@ def run_scenario(s: Scenario, weeks: int, seed: int, check: bool = True, runs: i
         ever["tried_over"] |= (st >= 0) & over[np.maximum(st, 0)]
         ever["recommended_over"] |= (act == 1) & (st >= 0) & over[np.maximum(st, 0)]
         promotions += p >= 0
+        # after the run: the threshold every user gets (quantiles over weeks), canaries running, weeks over target
+        thresholds = LOW + WIDTH * sim.base
+        for key, q in (("base_p10", 10), ("base_median", 50), ("base_p90", 90)):
+            path[key].append(round(float(np.percentile(thresholds, q)), 4))
+        path["canary_share"].append(float((sim.canary >= 0).mean()))
+        path["over_served"].append(float(over[sim.base].mean()))
     final = sim.base
     return {"icc": s.icc, "target": s.target, "in_grid": s.in_grid, "weeks": weeks,
             "hit_rate_at_best_safe": float(bin_probs(s)[best_safe:].sum()),
@@ -321,7 +329,55 @@ def run_scenario(s: Scenario, weeks: int, seed: int, check: bool = True, runs: i
             "final_threshold_median": round(LOW + WIDTH * float(np.median(final)), 3),
             "final_over_target": float(over[final].mean()),
             "final_hit_rate_mean": float(np.mean([bin_probs(s)[f:].sum() for f in final])),
-            "project_checks": checks}
+            "project_checks": checks,
+            "threshold_over_from": _over_from(over), "path": path}
+
+
+def _over_from(over: np.ndarray) -> float | None:
+    """The highest threshold truly over target (None: none is): thresholds at or under it serve over target."""
+    idx = np.nonzero(over[:BINS])[0]
+    return round(LOW + WIDTH * int(idx.max()), 3) if idx.size else None
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    """One panel per scenario: the threshold every user gets over the week (median and 10-90% of
+    weeks), the thresholds truly over target shaded, the best safe one dashed, and the share of weeks
+    running a canary (right axis)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(rows) // 2, figsize=(15, 7.5), sharex=True, squeeze=False)
+    for ax, r in zip(axes.ravel(), rows):  # a row per ICC
+        hours = np.arange(1, len(r["path"]["base_median"]) + 1)
+        ax.fill_between(hours, r["path"]["base_p10"], r["path"]["base_p90"], color="tab:blue", alpha=0.25,
+                        step="post", label="threshold, 10-90% of weeks")
+        ax.step(hours, r["path"]["base_median"], where="post", color="tab:blue", label="threshold, median week")
+        low, high = ax.get_ylim()
+        if r["threshold_over_from"] is not None:
+            ax.axhspan(min(low, 0.70), r["threshold_over_from"] + WIDTH / 2, color="tab:red", alpha=0.12,
+                       label="truly over target")
+        ax.axhline(r["best_safe_threshold"], color="k", ls="--", lw=1, label="best safe threshold")
+        ax.set_ylim(min(r["best_safe_threshold"], min(r["path"]["base_p10"])) - 0.03,
+                    max(max(r["path"]["base_p90"]), START) + 0.02)
+        ax.set_title(f"ICC {r['icc']:g}, target {r['target']:.0%}, {r['hit_rate_at_best_safe']:.0%} hits at best safe"
+                     f"\npromoted over target in {r['promoted_over']:.1%} of weeks", fontsize=9)
+        twin = ax.twinx()
+        twin.plot(hours, r["path"]["canary_share"], color="tab:green", lw=0.8, alpha=0.8)
+        twin.set_ylim(0, 1)
+        twin.tick_params(labelsize=7, colors="tab:green")
+        ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("hour of the week (one auto-tune run an hour)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("cosine threshold served to every user")
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    fig.text(0.995, 0.5, "share of weeks running a canary (green)", rotation=90, va="center", ha="right",
+             color="tab:green", fontsize=8)
+    fig.suptitle(f"Auto-tune every hour for a week ({rows[0]['weeks']} simulated weeks per scenario)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.985, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"runs": args.runs, "lookback_runs": LOOKBACK_RUNS, "decisions_per_run": DECISIONS_PER_RUN,
                                     "label_share": LABEL_SHARE, "canary_share": CANARY_SHARE, "alpha": G.alpha,
                                     "seed": args.seed, "elapsed_s": round(elapsed, 1), "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
+    draw(rows, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 
 

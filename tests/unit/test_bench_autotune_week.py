@@ -14,6 +14,9 @@ def test_tiny_run_writes_json_and_checks_against_the_project(tmp_path, capsys):
     assert len(figures["rows"]) == len(autotune_week.SCENARIOS) and figures["runs"] == 9
     assert sum(r["project_checks"] for r in figures["rows"]) >= 6  # run 0 of every scenario at least
     assert "all equal" in capsys.readouterr().out
+    path = figures["rows"][0]["path"]
+    assert len(path["base_median"]) == 9 and path["base_p10"][0] <= path["base_median"][0] <= path["base_p90"][0]
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_true_rates_fall_with_the_threshold_and_cross_the_target_inside_the_grid():
