@@ -191,6 +191,8 @@ class SemanticCache:
                 ttl_fields, tier = self._touch(partition, decision, outcome, arm, now, req.vec, scope)
         shown = decision.served or outcome.best
         snapshot = entry_snapshot(shown, now)
+        ask_rate = arm.feedback_sample_rate if decision.hit else 0.0  # a random sample of hits gets asked
+        asked = ask_rate > 0 and self._sample(ask_rate)
         record = LookupRecord(
             req=req, query=query, unit_id=unit_id, namespace=namespace,
             decision="hit" if decision.hit else "miss", threshold=decision.threshold,
@@ -200,7 +202,7 @@ class SemanticCache:
             similarity_mode=arm.similarity, score=decision.score, score_margin=decision.score_margin,
             judge_version=decision.judge_version, judge_probability=decision.judge_probability,
             judge_ms=decision.judge_ms, threshold_source=decision.threshold_source, ttl_fields=ttl_fields,
-            tier=tier)
+            tier=tier, feedback_requested=asked, feedback_prob=ask_rate if ask_rate > 0 else None)
         if check_ann and outcome.raw:
             if self.ann_checker is None:
                 record.check = (partition, scope, outcome.raw, outcome.mark)

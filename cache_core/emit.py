@@ -65,6 +65,9 @@ class LookupRecord:
     tier: str | None = None
     """The store tier that served the hit ("memory" / "disk"); None on a miss."""
     threshold_source: str | None = None
+    feedback_requested: bool = False
+    feedback_prob: float | None = None
+    """The arm's feedback sample rate on a hit of an arm that samples (CacheEvent.feedback_prob)."""
     ttl_fields: dict = field(default_factory=dict)
     """Adaptive-TTL arms: the prediction and its inputs (``cache_core.adaptive_ttl.event_fields``)."""
 
@@ -84,7 +87,7 @@ class LookupRecord:
             entry_age_s=self.entry["entry_age_s"], latency_ms=self.latency_ms,
             embed_ms=req.embed_ms, search_ms=self.search_ms, score=self.score,
             score_margin=self.score_margin, judge_version=self.judge_version,
-            judge_probability=self.judge_probability,
+            judge_probability=self.judge_probability, feedback_requested=self.feedback_requested,
             nearest_answer=nearest.answer if served is None and nearest is not None else None,
         )
 
@@ -146,7 +149,8 @@ class EventEmitter:
             arm=req.arm_name, unit_id=record.unit_id, assignment_prob=req.assignment_prob,
             partition_mode=req.experiment.partition_mode, config_version=req.experiment.version,
             variant=req.variant, guard=record.guard, decision=record.decision,
-            hit=record.decision == "hit", threshold=record.threshold,
+            hit=record.decision == "hit", feedback_requested=record.feedback_requested,
+            feedback_prob=record.feedback_prob, threshold=record.threshold,
             threshold_source=record.threshold_source, similarity=record.similarity,
             similarity_mode=record.similarity_mode, score=record.score,
             score_margin=record.score_margin, judge_version=record.judge_version,

@@ -61,6 +61,12 @@ class CacheEvent(BaseModel):
     """Why a "bypass" did not use the cache: the chat proxy's field policy ("tools", "n", "logprobs",
     "audio", "web_search", "no_text"; docs/proxy.md); null for a holdout arm's bypass and the others."""
     hit: bool = False
+    feedback_requested: bool = False
+    """The service asked the user for a verdict on this hit (a random draw at ``feedback_prob``;
+    docs/solicited_feedback.md): such verdicts are a designed sample, weighed 1 / feedback_prob."""
+    feedback_prob: float | None = None
+    """The arm's ``feedback_sample_rate`` on every hit of an arm that samples (requested or not);
+    null on misses and on arms that never ask."""
     threshold: float | None = None
     threshold_source: str | None = None
     """Arms with an error-bounded threshold policy (cache_core.decision.error_bound): which level

@@ -210,6 +210,10 @@ class ArmConfig(_Closed):
     """Entries the store keeps on local disk beyond its memory budget (cache_core.store.disk_tier:
     compressed, searched with every lookup, promoted on a hit); 0: none, evicted entries are dropped."""
     ann_check_rate: float = Field(0.1, ge=0.0, le=1.0)
+    feedback_sample_rate: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of hits on which the service asks the user for a verdict (``feedback_requested`` in the
+    lookup response, the chat header x-scache-feedback-requested), logged with the event so the
+    false-hit rate can weigh those verdicts by 1 / rate (docs/solicited_feedback.md); 0: never asks."""
     canary: CanaryConfig | None = None
     similarity: SimilarityKind = "cosine"
     """"cosine": serve the nearest candidate at or above the threshold. "multi": re-rank

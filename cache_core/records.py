@@ -100,6 +100,8 @@ class LookupResult:
     """Its probability for the most probable candidate (CacheEvent.judge_probability)."""
     threshold_source: str | None = None
     """Error-bounded arms: which level learnt ``threshold`` (CacheEvent.threshold_source)."""
+    feedback_requested: bool = False
+    """Ask the user whether this hit was right (CacheEvent.feedback_requested)."""
     nearest_answer: str | None = None
     """On a miss: the answer of the nearest candidate (the one ``similarity`` is about), for a
     shadow check of a near-miss (``cache_core.shadow``); None on a hit (``answer`` is it)."""

@@ -114,6 +114,9 @@ class LookupResponse(BaseModel):
     """Arms with a judge: the judge version that decided."""
     judge_probability: float | None = None
     """Its probability that the most probable candidate's answer fits (served if >= its cut)."""
+    feedback_requested: bool = False
+    """Ask the user whether this answer was right and post the verdict to /v1/feedback: the hit is in
+    the arm's random sample (``feedback_sample_rate``), whose verdicts estimate the false-hit rate."""
 
 
 class StoreResponse(BaseModel):

@@ -326,6 +326,17 @@ def unit_false_hits(client, filters: Filters) -> pd.DataFrame:
     return _frame(client, sql_units.UNIT_FALSE_HITS_SQL, filters.parameters())
 
 
+def unit_solicited_false_hits(client, filters: Filters) -> pd.DataFrame:
+    """Per arm, over users: the weighted (1 / feedback_prob) requested hits with a verdict (x) and
+    the weighted wrong ones (y) per user: solicited verdicts only (docs/solicited_feedback.md)."""
+    return _frame(client, sql_units.UNIT_SOLICITED_FALSE_HITS_SQL, filters.parameters())
+
+
+def solicited_response(client, filters: Filters) -> pd.DataFrame:
+    """Per arm: hits the service asked about, those answered, and their weighted sums."""
+    return _frame(client, sql_units.SOLICITED_RESPONSE_SQL, filters.parameters())
+
+
 def unit_path(client, filters: Filters, bucket_s: int) -> pd.DataFrame:
     """Per arm and time bucket: what the bucket adds to the cumulative per-user sums (new users,
     and the growth of sum x, y, x², y², xy); ``processing.cumulative_unit_paths`` adds them up."""

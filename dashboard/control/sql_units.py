@@ -54,6 +54,42 @@ GROUP BY arm
 ORDER BY arm
 """
 
+# Solicited verdicts (docs/solicited_feedback.md): hits the service asked about (feedback_requested,
+# a random draw at feedback_prob), each weighing 1 / feedback_prob. Per user: the weighted requested
+# hits that got a verdict (x) and the weighted wrong ones (y): sum y / sum x is the Hajek estimate
+# of the false-hit rate, its variance the delta method over users as for any other ratio.
+UNIT_SOLICITED_FALSE_HITS_SQL = f"""
+SELECT arm, {_UNIT_SUMS}
+FROM (
+    SELECT e.arm AS arm, e.unit AS unit, sum(e.w) AS x, sumIf(e.w, f.verdict = 'wrong') AS y
+    FROM (
+        SELECT request_id, arm, {_UNIT} AS unit, 1 / assumeNotNull(feedback_prob) AS w FROM events_raw FINAL
+        {_UNIT_DECISIONS}
+          AND hit AND feedback_requested AND feedback_prob > 0
+    ) AS e
+    INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+    GROUP BY arm, unit
+)
+GROUP BY arm
+ORDER BY arm
+"""
+
+# Per arm: the requested hits and how many got an answer (plain and weighted): the response rate,
+# and the worst case that counts every unanswered request as wrong.
+SOLICITED_RESPONSE_SQL = f"""
+SELECT e.arm AS arm, count() AS requested, countIf(f.verdict IN ('correct', 'wrong')) AS answered,
+       sum(e.w) AS requested_weight, sumIf(e.w, f.verdict IN ('correct', 'wrong')) AS answered_weight,
+       sumIf(e.w, f.verdict = 'wrong') AS wrong_weight
+FROM (
+    SELECT request_id, arm, 1 / assumeNotNull(feedback_prob) AS w FROM events_raw FINAL
+    {_UNIT_DECISIONS}
+      AND hit AND feedback_requested AND feedback_prob > 0
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
+GROUP BY arm
+ORDER BY arm
+"""
+
 # A canary's measured hit rate per variant of one arm since it started, per user (the canary
 # hash splits users): promotion of a loosening waits until it confirms the what-if's gain.
 CANARY_UNITS_SQL = f"""
@@ -106,5 +142,7 @@ COLUMNS: dict[str, list[str]] = {
     UNIT_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
     UNIT_PATH_SQL: ["arm", "bucket", *_UNIT_COLUMNS],
     CANARY_UNITS_SQL: ["variant", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
+    UNIT_SOLICITED_FALSE_HITS_SQL: ["arm", *_UNIT_COLUMNS, *_FOURTH_COLUMNS],
+    SOLICITED_RESPONSE_SQL: ["arm", "requested", "answered", "requested_weight", "answered_weight", "wrong_weight"],
 }
 """Output columns of each query: an empty result carries no column names."""

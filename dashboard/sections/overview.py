@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data
-from dashboard.control import processing, shadow_estimate, verdicts
+from dashboard.control import processing, shadow_estimate, solicited, verdicts
 from dashboard.sections.common import NO_DATA, View, bucket_for, optional
 
 
@@ -49,11 +49,32 @@ def overview(view: View) -> None:
     st.caption(basis_note(table["basis"].iloc[0]))
     st.altair_chart(charts.rate_with_interval(table), use_container_width=True)
     verdicts_section(view, false_hits)
+    solicited_section(view)
     comparison_section(view, summary)
     variants = optional(view, "variant_summary", view.filters)
     if variants is not None and (variants["variant"] == "canary").any():
         st.subheader("Canary vs base units")
         st.dataframe(variants, hide_index=True)
+
+
+def solicited_section(view: View) -> None:
+    """The false-hit rate from verdicts the service asked for on a random sample of hits (arms with a
+    feedback_sample_rate), apart from the verdicts users gave unasked."""
+    units = optional(view, "unit_solicited_false_hits", view.filters)
+    response = optional(view, "solicited_response", view.filters) if units is not None else None
+    table = solicited.estimates_frame(units, response)
+    if table.empty:
+        return
+    st.subheader("False hits: users asked at random")
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(table, hide_index=True, column_config={
+        "false_hit_rate": pct("false-hit rate"), "low": pct("95% low"), "high": pct("95% high"),
+        "coverage": pct("answered"), "if_unanswered_wrong": pct("if every unanswered were wrong"),
+        "basis": "rests on"})
+    st.caption("Hits the service asked about (feedback_requested, drawn at the arm's feedback_sample_rate), each "
+               "verdict weighed by 1 / that probability, intervals per user. Verdicts users gave unasked are not "
+               "in it. The estimate assumes answering does not depend on the answer being right; the last column "
+               "holds regardless.")
 
 
 def verdicts_section(view: View, false_hits) -> None:

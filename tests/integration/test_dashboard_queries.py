@@ -283,6 +283,38 @@ def test_unit_statistics_match_the_per_user_sums(warehouse, ch_settings):
     client.close()
 
 
+def test_solicited_verdicts_weighted_apart_from_unasked_ones(warehouse, ch_settings):
+    """Hits the service asked about (feedback_requested at feedback_prob) weigh 1 / feedback_prob, per
+    user; an unasked verdict stays out; an unanswered request counts in the response rate only."""
+    from cache_core.chclient import connect
+    from dashboard.control import processing
+    from dashboard.control.ratio import RatioStat
+
+    client = connect(ch_settings)
+    experiment_id = f"dash-s-{uuid.uuid4().hex[:8]}"
+    t0 = (int(pd.Timestamp.now(tz="UTC").timestamp()) // 60 - 5) * 60_000
+    # (request, unit, requested, prob, verdict)
+    hits = [("r1", "u1", True, 0.5, "wrong"), ("r2", "u1", True, 0.5, "correct"), ("r3", "u2", True, 0.25, "correct"),
+            ("r4", "u2", True, 0.25, None), ("r5", "u1", False, 0.5, "wrong")]
+    names = ["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "unit_id", "decision", "hit",
+             "feedback_requested", "feedback_prob"]
+    client.insert("events_raw", [["decision", f"{experiment_id}-{r}", t0 + i, "default", experiment_id, "control", u,
+                                  "hit", True, asked, p] for i, (r, u, asked, p, _) in enumerate(hits)],
+                  column_names=names)
+    client.insert("feedback_raw", [[1, f"{experiment_id}-{r}", v, t0 + 9, "user"] for r, _, _, _, v in hits if v],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    start = pd.Timestamp(t0, unit="ms", tz="UTC").to_pydatetime()
+    filters = queries.Filters(experiment_id, start, start + timedelta(minutes=10))
+    stats = processing.ratio_stats(queries.unit_solicited_false_hits(client, filters))
+    assert stats["control"] == RatioStat.from_units([4.0, 4.0], [2.0, 0.0])  # u1: 2 + 2, one wrong; u2: 4
+    response = queries.solicited_response(client, filters).set_index("arm").loc["control"]
+    assert (response["requested"], response["answered"]) == (4, 3)
+    assert (response["requested_weight"], response["answered_weight"], response["wrong_weight"]) == (12.0, 8.0, 2.0)
+    # the users' own reading still has every verdict (r5 unasked included): 4 labelled hits, 2 wrong
+    assert processing.ratio_stats(queries.unit_false_hits(client, filters))["control"].sum_x == 4
+    client.close()
+
+
 def test_user_and_shadow_verdicts_stay_apart(seeded):
     """A shadow verdict on a request users also judged replaces nothing; feedback_agg's shadow rows
     never reach the users' false-hit rate; near-miss verdicts read with the miss's similarity."""

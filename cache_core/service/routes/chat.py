@@ -84,7 +84,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, compon
                 if components.shadow is not None:  # never waits: a sampled hit is checked in the background
                     components.shadow.after_hit(result, query, shadow_request(
                         body, request.headers, caller.consumed_authorization))
-                headers = {**cache_headers, "x-scache-hit": "1"}
+                headers = {**cache_headers, "x-scache-hit": "1",
+                           **({"x-scache-feedback-requested": "1"} if result.feedback_requested else {})}
                 if body.stream:
                     return StreamingResponse(chat.cached_chunks(body, result.answer, result.request_id,
                                                                 service.upstream_model),

@@ -278,3 +278,24 @@ def test_unknown_experiment():
     cache, _, _, _ = make_cache({"q": E0})
     with pytest.raises(UnknownExperiment, match="nope"):
         cache.lookup("q", unit_id="u", experiment_id="nope")
+
+
+def test_a_random_sample_of_hits_is_asked_for_a_verdict_with_its_probability_logged():
+    """ArmConfig.feedback_sample_rate (docs/solicited_feedback.md): each hit is asked with that
+    probability, and every hit's event logs it (requested or not); misses are never asked."""
+    arm = ArmConfig(name="a", threshold=0.8, ann_check_rate=0.0, feedback_sample_rate=0.25)
+    cache, _, sink, _ = make_cache({"q": E0, "p": at_cosine(0.9), "far": unit_vec(0.0, 1.0)}, arm)
+    assert not cache.lookup("far", unit_id="u").feedback_requested  # empty index: a miss
+    cache.store("q", "ans", unit_id="u")
+    hits = [cache.lookup("p", unit_id="u") for _ in range(2000)]
+    miss = cache.lookup("far", unit_id="u")
+    asked = [h.feedback_requested for h in hits]
+    assert all(h.hit for h in hits) and 0.22 < np.mean(asked) < 0.28
+    assert [h.event.feedback_requested for h in hits] == asked
+    assert {h.event.feedback_prob for h in hits} == {0.25}
+    assert not miss.hit and miss.event.feedback_prob is None and not miss.event.feedback_requested
+    # an arm that never asks logs no probability, and draws nothing (the ANN sampling stream is unchanged)
+    plain, _, _, _ = make_cache({"q": E0, "p": at_cosine(0.9)}, ArmConfig(name="a", threshold=0.8))
+    plain.store("q", "ans", unit_id="u")
+    event = plain.lookup("p", unit_id="u").event
+    assert event.hit and event.feedback_prob is None and not event.feedback_requested

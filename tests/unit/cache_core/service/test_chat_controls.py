@@ -99,3 +99,24 @@ def test_a_bad_control_is_a_400_naming_it(api, fields, param):
     assert response.status_code == 400 and response.json()["error"]["param"] == param
     bad_header = ask(api, "Anything at all?", headers={"x-scache-ttl": "soon"})
     assert bad_header.status_code == 400 and bad_header.json()["error"]["param"] == "ttl_s"
+
+
+def test_a_sampled_hit_asks_for_a_verdict(api):
+    """An arm whose feedback_sample_rate is 1 asks on every hit: the chat header and the lookup
+    response say so; a miss never asks (docs/solicited_feedback.md)."""
+    from cache_core.events import ControlMessage
+
+    registry = api.app.state.components.registry
+    config = registry.get()
+    asking = config.model_copy(update={"version": config.version + 1, "arms": [
+        arm.model_copy(update={"feedback_sample_rate": 1.0}) for arm in config.arms]})
+    assert registry.apply(ControlMessage(experiment=asking))
+    miss = ask(api, "Can I freeze my card from the app?")
+    assert miss.headers["x-scache-hit"] == "0" and "x-scache-feedback-requested" not in miss.headers
+    hit = ask(api, "Can I freeze my card from the app?")
+    assert hit.headers["x-scache-hit"] == "1" and hit.headers["x-scache-feedback-requested"] == "1"
+    api.post("/v1/store", json={"query": "How do I close my account?", "answer": "In settings.", "unit_id": "u1"})
+    looked = api.post("/v1/lookup", json={"query": "How do I close my account?", "unit_id": "u1"}).json()
+    assert looked["hit"] and looked["feedback_requested"]
+    missed = api.post("/v1/lookup", json={"query": "What is the weather on Mars?", "unit_id": "u1"}).json()
+    assert not missed["hit"] and not missed["feedback_requested"]
