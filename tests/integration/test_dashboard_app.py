@@ -84,6 +84,34 @@ def test_seeded_overview_and_attribution(app_env, ch_settings):
     assert "Sample-ratio check passed on users per arm" in _texts(at)  # 40 vs 40 at equal weights
 
 
+def test_overview_shows_solicited_verdicts_apart(app_env, ch_settings):
+    """Verdicts the service asked for (feedback_requested at feedback_prob) get their own weighted
+    table on the overview, with the share answered and the worst case."""
+    experiment_id, start = app_env
+    client = connect(ch_settings)
+    now = seed.seed(client, experiment_id)
+    ts_ms = int(now.timestamp() * 1000) - 60_000
+    asked = [(f"{experiment_id}-ask-{i}", f"user-{i % 8}", "wrong" if i % 5 == 0 else "correct" if i % 7 else None)
+             for i in range(40)]
+    client.insert("events_raw", [["decision", r, ts_ms + i, "default", experiment_id, "treatment", u, "hit", True,
+                                  True, 0.5] for i, (r, u, _) in enumerate(asked)],
+                  column_names=["event_type", "request_id", "ts_ms", "namespace", "experiment_id", "arm", "unit_id",
+                                "decision", "hit", "feedback_requested", "feedback_prob"])
+    client.insert("feedback_raw", [[1, r, v, ts_ms + 99, "user"] for r, _, v in asked if v],
+                  column_names=["schema_version", "request_id", "verdict", "ts_ms", "source"])
+    client.close()
+    at = start(None)
+    assert not at.exception, at.exception
+    table = next(d.value for d in at.dataframe if "if_unanswered_wrong" in d.value.columns).set_index("arm")
+    answered = [v for _, _, v in asked if v]
+    assert table.loc["treatment", "verdicts"] == len(answered) == 36
+    assert table.loc["treatment", "false_hit_rate"] == pytest.approx(8 / 36)  # equal weights: the plain share
+    assert table.loc["treatment", "coverage"] == pytest.approx(36 / 40)
+    assert table.loc["treatment", "if_unanswered_wrong"] == pytest.approx((8 + 4) / 40)
+    assert "control" not in table.index  # it never asked
+    assert any("users asked at random" in s.value for s in at.subheader)
+
+
 def test_push_publishes_next_version(app_env, ch_settings, kafka_settings, monkeypatch):
     experiment_id, start = app_env
     _kafka_env(monkeypatch, kafka_settings)
