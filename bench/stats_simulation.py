@@ -196,12 +196,12 @@ def check_msprt_identity() -> None:
     assert abs(ref - mine) < 1e-9 * max(1.0, ref)
 
 
-def draw(aa: list[dict], canary: list[dict], path: Path) -> None:
+def draw(aa: list[dict], canary: list[dict], path: Path, ztest: list[dict] | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 4 if ztest else 3, figsize=(21 if ztest else 16, 4.8))
     labels = [f"ICC {r['icc']:g}\nrate {r['rate']:.0%}" for r in aa]
     xs = np.arange(len(aa))
     ax = axes[0]
@@ -237,6 +237,22 @@ def draw(aa: list[dict], canary: list[dict], path: Path) -> None:
                   f"{LABELS_PER_LOOK * CANARY_LOOKS:,})")
     ax.legend(fontsize=6)
     ax.set_title("Canary verdicts")
+    if ztest:
+        ax = axes[3]
+        zs = np.arange(len(ztest))
+        for offset, suffix, name in ((-0.18, "", "normal z (second moments)"),
+                                     (0.18, "_t", "Welch t (fourth moments: df)")):
+            value = lambda r, key: r[f"{key}{suffix}"] if r[f"{key}{suffix}"] is not None else np.nan
+            rates = np.array([value(r, "type_i") for r in ztest])
+            err = np.clip(np.nan_to_num([[value(r, "type_i") - value(r, "ci_low") for r in ztest],
+                                         [value(r, "ci_high") - value(r, "type_i") for r in ztest]]), 0, None)
+            ax.bar(zs + offset, rates, 0.36, yerr=err, capsize=2, label=name)
+        ax.axhline(0.05, color="k", ls="--", lw=1)
+        ax.set_xticks(zs, [f"{r['users']:,} users\nICC {r['icc']:g}\nrate {r['rate']:.0%}" for r in ztest],
+                      fontsize=6)
+        ax.set_ylabel("A/A type-I (nominal 0.05), 95% Wilson interval")
+        ax.legend(fontsize=7)
+        ax.set_title(f"Per-user fixed-horizon test, {ztest[0]['runs']:,} runs per cell")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -248,7 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--z-runs", type=int, default=4000, help="A/A runs per cell of the z-test-only table")
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--out", type=Path, default=RESULTS / "stats_simulation.json")
+    p.add_argument("--redraw", action="store_true", help="only draw the PNG again from the JSON at --out")
     args = p.parse_args(argv)
+    if args.redraw:
+        saved = json.loads(args.out.read_text())
+        draw(saved["aa"], saved["canary"], args.out.with_suffix(".png"), saved.get("ztest"))
+        print(f"wrote {args.out.with_suffix('.png')}")
+        return 0
     check_msprt_identity()
     started = time.perf_counter()
     aa = aa_table(args.sims, args.seed)
@@ -288,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "srm_users_200k_draws": srm_exact, "canary": canary,
                                     "z_runs": args.z_runs, "ztest": ztest},
                                    indent=1))
-    draw(aa, canary, args.out.with_suffix(".png"))
+    draw(aa, canary, args.out.with_suffix(".png"), ztest)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 
