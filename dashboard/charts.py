@@ -213,3 +213,17 @@ def judge_versions(df: pd.DataFrame) -> alt.Chart:
         column=alt.Column("arm:N", title="arm"),
         tooltip=["arm", "judge", "rate", alt.Tooltip("value:Q", format=".1%")],
     )
+
+
+def threshold_sources(df: pd.DataFrame) -> alt.Chart:
+    """Per error-bounded arm: the share of its lookups whose threshold each level set, stacked."""
+    levels = ["entry", "cluster", "arm", "static"]
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("share:Q", title="share of the arm's lookups", axis=alt.Axis(format="%"), stack="normalize"),
+        y=alt.Y("arm:N", title="arm"),
+        color=alt.Color("threshold_source:N", title="threshold set by", sort=levels,
+                        scale=alt.Scale(domain=levels)),
+        order=alt.Order("level_rank:Q"),
+        tooltip=["arm", "threshold_source", "requests", alt.Tooltip("share:Q", format=".1%"),
+                 alt.Tooltip("hit_rate:Q", format=".1%")],
+    ).transform_calculate(level_rank=f"indexof({levels!r}, datum.threshold_source)")

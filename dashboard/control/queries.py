@@ -180,6 +180,12 @@ def judge_versions(client, filters: Filters) -> pd.DataFrame:
     return _frame(client, sql_verdicts.JUDGE_VERSIONS_SQL, filters.parameters())
 
 
+def threshold_sources(client, filters: Filters) -> pd.DataFrame:
+    """Error-bounded arms' lookups per arm x threshold_source (entry / cluster / arm / static) with the
+    hits' users' and shadow verdicts (``sql_verdicts.THRESHOLD_SOURCES_SQL``); empty for other arms."""
+    return _frame(client, sql_verdicts.THRESHOLD_SOURCES_SQL, filters.parameters())
+
+
 def hit_tiers(client, filters: Filters) -> pd.DataFrame:
     """Per arm x store tier ("memory" / "disk"): hits, search and lookup time, users' verdicts."""
     return _frame(client, sql_verdicts.HIT_TIERS_SQL, filters.parameters())

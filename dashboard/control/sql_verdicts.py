@@ -161,6 +161,31 @@ ORDER BY arm, tier
 logged): how much the disk tier serves, what it costs in search time, and users' verdicts."""
 
 
+# Error-bounded arms (cache_core.decision.error_bound): per arm x the level that set each lookup's
+# threshold (threshold_source: entry / cluster / arm, or static = the arm's configured start before it
+# holds enough verdicts; NULL on other arms, left out): lookups, hits, and the hits' verdicts from
+# users and from shadow checks, apart.
+THRESHOLD_SOURCES_SQL = f"""
+SELECT e.arm AS arm,
+       e.level AS threshold_source,
+       count() AS requests,
+       countIf(e.decision = 'hit') AS hits,
+       countIf(e.decision = 'hit' AND u.verdict = 'correct') AS user_correct,
+       countIf(e.decision = 'hit' AND u.verdict = 'wrong') AS user_wrong,
+       countIf(e.decision = 'hit' AND s.verdict = 'correct') AS shadow_correct,
+       countIf(e.decision = 'hit' AND s.verdict = 'wrong') AS shadow_wrong
+FROM (
+    SELECT request_id, arm, decision, assumeNotNull(threshold_source) AS level FROM events_raw FINAL
+    {_DECISIONS_FILTER}
+      AND threshold_source IS NOT NULL
+) AS e
+LEFT JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS u USING (request_id)
+LEFT JOIN (SELECT request_id, verdict FROM shadow_feedback_raw FINAL) AS s USING (request_id)
+GROUP BY arm, threshold_source
+ORDER BY arm, threshold_source
+"""
+
+
 COLUMNS: dict[str, list[str]] = {
     JUDGE_PROBABILITY_SQL: ["arm", "judge_version", "probability_milli", "decisions", "hits", "user_correct",
                             "user_wrong", "shadow_hit_correct", "shadow_hit_wrong", "shadow_miss_correct",
@@ -171,6 +196,8 @@ COLUMNS: dict[str, list[str]] = {
     SHADOW_VERDICTS_SQL: ["arm", "decision", "similarity_milli", "correct", "wrong"],
     JUDGE_VERSIONS_SQL: ["arm", "judge_version", "requests", "hits", "judged", "judge_ms_mean", "judge_ms_p95",
                          "user_correct", "user_wrong", "shadow_correct", "shadow_wrong"],
+    THRESHOLD_SOURCES_SQL: ["arm", "threshold_source", "requests", "hits", "user_correct", "user_wrong",
+                            "shadow_correct", "shadow_wrong"],
     HIT_TIERS_SQL: ["arm", "tier", "hits", "search_ms_mean", "search_ms_p95", "latency_ms_mean",
                     "user_correct", "user_wrong"],
 }

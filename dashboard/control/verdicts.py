@@ -70,3 +70,27 @@ def judge_frame(by_version: pd.DataFrame | None) -> pd.DataFrame:
     df["user_false_hit_rate"] = _rate(df["user_wrong"], df["user_labelled"])
     df["shadow_false_hit_rate"] = _rate(df["shadow_wrong"], df["shadow_labelled"])
     return df
+
+
+THRESHOLD_LEVELS = ("entry", "cluster", "arm", "static")
+"""cache_core.decision.error_bound.ThresholdSource, most specific first ("static": the arm's configured
+start threshold, used until the arm holds enough verdicts to certify its bound)."""
+
+
+def threshold_source_frame(by_source: pd.DataFrame | None) -> pd.DataFrame:
+    """``queries.threshold_sources`` with, per arm x level, ``share`` (of the arm's error-bounded
+    lookups decided at that level), ``hit_rate`` and ``user_false_hit_rate`` / ``shadow_false_hit_rate``
+    (each on its own verdicts; NaN without any), levels in ``THRESHOLD_LEVELS`` order (an unknown one
+    last). Empty when no arm logged a threshold source (no error-bounded arm in range)."""
+    if by_source is None or by_source.empty:
+        return pd.DataFrame()
+    df = by_source.copy()
+    df["share"] = df["requests"] / df.groupby("arm")["requests"].transform("sum")
+    df["hit_rate"] = _rate(df["hits"], df["requests"])
+    df["user_labelled"] = df["user_correct"] + df["user_wrong"]
+    df["shadow_labelled"] = df["shadow_correct"] + df["shadow_wrong"]
+    df["user_false_hit_rate"] = _rate(df["user_wrong"], df["user_labelled"])
+    df["shadow_false_hit_rate"] = _rate(df["shadow_wrong"], df["shadow_labelled"])
+    order = {level: i for i, level in enumerate(THRESHOLD_LEVELS)}
+    df["_order"] = df["threshold_source"].map(order).fillna(len(order))
+    return df.sort_values(["arm", "_order", "threshold_source"]).drop(columns="_order").reset_index(drop=True)

@@ -43,6 +43,7 @@ def attribution(view: View) -> None:
     decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life},
                           examples)
     judge_section(view)
+    threshold_source_section(view)
 
 
 NO_JUDGE = "No arm has a judge in this range: every hit was decided by its threshold (an arm names one with `judge`)."
@@ -107,3 +108,33 @@ def decomposition_section(view: View, frames: dict, examples: pd.DataFrame | Non
         st.markdown("Per-cluster differences (Holm-adjusted over all clusters compared)")
         st.dataframe(holm, hide_index=True, column_config={
             "diff": st.column_config.NumberColumn("Δ hit rate", format="percent")})
+
+
+def error_bounded_arms(view: View) -> list[str]:
+    """The experiment's arms whose threshold policy is error-bounded ([] without a definition)."""
+    if view.config is None:
+        return []
+    return [a.name for a in view.config.arms if a.threshold_policy.kind == "error_bounded"]
+
+
+def threshold_source_section(view: View) -> None:
+    """Error-bounded arms only: which level set each lookup's threshold, and hit / false-hit rates per level."""
+    arms = error_bounded_arms(view)
+    table = verdicts.threshold_source_frame(optional(view, "threshold_sources", view.filters))
+    if table.empty and not arms:
+        return  # no error-bounded arm: nothing to show
+    st.subheader("Error-bounded thresholds: which level decided")
+    if table.empty:
+        st.info(f"No lookups of the error-bounded arm(s) {', '.join(arms)} in this range yet.")
+        return
+    st.altair_chart(charts.threshold_sources(table), use_container_width=True)
+    pct = lambda label: st.column_config.NumberColumn(label, format="percent")
+    st.dataframe(table, hide_index=True, column_order=[
+        "arm", "threshold_source", "requests", "share", "hit_rate", "user_false_hit_rate", "user_labelled",
+        "shadow_false_hit_rate", "shadow_labelled"], column_config={
+        "threshold_source": "threshold set by", "share": pct("share of lookups"), "hit_rate": pct("hit rate"),
+        "user_false_hit_rate": pct("false hits (users)"), "shadow_false_hit_rate": pct("false hits (shadow)"),
+        "user_labelled": "users' verdicts", "shadow_labelled": "shadow verdicts"})
+    st.caption("Each lookup's threshold comes from its entry's learnt curve, else its intent cluster's, else the "
+               "arm's; 'static' is the arm's configured start, used until the arm holds enough verdicts to "
+               "certify its bound δ (not bounded). False-hit rates: users' and shadow checks' verdicts on hits, apart.")

@@ -241,6 +241,22 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     assert not at.exception
 
 
+def test_attribution_shows_threshold_sources_only_for_error_bounded_arms(app_env, ch_settings):
+    experiment_id, start = app_env
+    client = connect(ch_settings)
+    now = seed.seed(client, experiment_id)
+    at = start(ATTRIBUTION)
+    title = "Error-bounded thresholds: which level decided"
+    assert title not in [s.value for s in at.subheader]                  # the seeded arms are global
+    seed.insert_threshold_sources(client, experiment_id, int(now.timestamp() * 1000) - 120_000)
+    client.close()
+    at = start(ATTRIBUTION)
+    assert title in [s.value for s in at.subheader]
+    table = next(d.value for d in at.dataframe if "threshold_source" in d.value.columns)
+    assert table["threshold_source"].tolist() == ["entry", "cluster", "arm", "static"]
+    assert "configured start" in _texts(at)
+
+
 def test_cluster_and_canary_pushes_then_rollback(app_env, kafka_settings, monkeypatch):
     _, start = app_env
     _kafka_env(monkeypatch, kafka_settings)

@@ -397,3 +397,22 @@ def test_judge_versions_from_decisions_and_both_kinds_of_verdicts(seeded):
     veto = at.loc[("j", "v2", 400)]
     assert [veto["decisions"], veto["hits"], veto["shadow_miss_wrong"], veto["user_wrong"]] == [1, 0, 1, 0]
     assert ("a", "") not in {(a, v) for a, v, _ in at.index}                 # no judge: not there
+
+
+def test_threshold_sources_per_error_bounded_arm_and_level(seeded):
+    from dashboard.control import verdicts
+
+    client, filters, *_ = seeded
+    experiment_id = f"dash-src-{uuid.uuid4().hex[:8]}"
+    seed.insert_threshold_sources(client, experiment_id, filters.parameters()["end_ms"] - 120_000)
+    df = queries.threshold_sources(client, queries.Filters(experiment_id, filters.start, filters.end))
+    assert set(df["arm"]) == {"b"}                                     # the global arm logs no source
+    by = df.set_index("threshold_source")
+    assert by.loc["static", ["requests", "hits", "user_wrong", "shadow_correct"]].tolist() == [2, 1, 1, 0]
+    assert by.loc["cluster", ["requests", "hits", "user_correct", "shadow_correct", "shadow_wrong"]].tolist() == \
+        [3, 2, 1, 1, 1]                                                # the near-miss's shadow verdict: not a hit's
+    table = verdicts.threshold_source_frame(df).set_index("threshold_source")
+    assert table.index.tolist() == ["entry", "cluster", "arm", "static"]
+    assert table["share"].tolist() == pytest.approx([1 / 7, 3 / 7, 1 / 7, 2 / 7])
+    assert table.loc["cluster", "shadow_false_hit_rate"] == pytest.approx(0.5)
+    assert table.loc["static", "user_false_hit_rate"] == 1.0 and pd.isna(table.loc["static", "shadow_false_hit_rate"])

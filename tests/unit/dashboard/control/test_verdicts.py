@@ -68,3 +68,33 @@ def test_no_judge_anywhere_is_an_empty_frame_the_page_explains():
     assert verdicts.judge_frame(judge_rows().iloc[:1]).empty
     assert verdicts.judge_frame(None).empty
     assert verdicts.judge_frame(judge_rows().iloc[:0]).empty
+
+
+def source_rows():
+    columns = sql_verdicts.COLUMNS[sql_verdicts.THRESHOLD_SOURCES_SQL]
+    return pd.DataFrame([("b", "arm", 10, 5, 0, 0, 1, 1), ("b", "cluster", 60, 30, 9, 1, 18, 2),
+                         ("b", "entry", 10, 8, 0, 0, 4, 0), ("b", "static", 20, 10, 3, 1, 0, 0),
+                         ("c", "static", 5, 0, 0, 0, 0, 0)], columns=columns)
+
+
+def test_threshold_source_frame_shares_and_rates_per_level_each_on_its_own_verdicts():
+    table = verdicts.threshold_source_frame(source_rows())
+    assert table["threshold_source"].tolist() == ["entry", "cluster", "arm", "static", "static"]  # specific first
+    at = table.set_index(["arm", "threshold_source"])
+    assert at["share"].loc["b"].tolist() == pytest.approx([0.1, 0.6, 0.1, 0.2])
+    assert at.loc[("c", "static"), "share"] == 1.0 and at.loc[("c", "static"), "hit_rate"] == 0.0
+    assert at.loc[("b", "cluster"), "hit_rate"] == pytest.approx(0.5)
+    assert at.loc[("b", "cluster"), "user_false_hit_rate"] == pytest.approx(0.1)
+    assert at.loc[("b", "cluster"), "shadow_false_hit_rate"] == pytest.approx(0.1)
+    assert at.loc[("b", "static"), "user_false_hit_rate"] == pytest.approx(0.25)
+    assert pd.isna(at.loc[("b", "static"), "shadow_false_hit_rate"])    # no shadow verdict: no rate, not 0
+    assert at.loc[("b", "arm"), "shadow_labelled"] == 2 and pd.isna(at.loc[("b", "arm"), "user_false_hit_rate"])
+    spec = charts.threshold_sources(table).to_dict()
+    assert spec["encoding"]["x"]["field"] == "share" and spec["encoding"]["color"]["field"] == "threshold_source"
+
+
+def test_no_error_bounded_arm_is_an_empty_frame():
+    assert verdicts.threshold_source_frame(None).empty
+    assert verdicts.threshold_source_frame(source_rows().iloc[:0]).empty
+    text = sql_verdicts.THRESHOLD_SOURCES_SQL
+    assert "threshold_source IS NOT NULL" in text and "FROM shadow_feedback_raw FINAL" in text
