@@ -21,7 +21,9 @@ load; the after/before ratios are computed per round and their median printed (a
 shared with other work: compare the ratios, not the absolute figures across runs). A bare encode of
 one query (the model alone, in this process) is timed between levels for the "p50 at concurrency 1
 vs one encode" figure. Each level reports the service's CPU per lookup, all threads and the event
-loop's (main) thread alone: the rest is the encoder's.
+loop's (main) thread alone (the rest is the encoder's), and under ``stalls`` where a request's time can
+stop inside the service: the event loop's worst lag, garbage-collector pauses, the slowest encode call
+(``StallRecorder``).
 
 Writes bench/results/front_throughput[-TAG].json.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +50,102 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
-def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
+class StallRecorder:
+    """Where a request's time can stop in the service, every 250 ms into ``path`` (JSON lines with
+    ``time.monotonic()``, the driver's clock too): the event loop's lag (a probe thread schedules a
+    callback on the loop every 10 ms and times how late it runs), garbage-collector pauses
+    (``gc.callbacks``; the loop thread stops for them) and the model's encode calls (``TimedModel``)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._reset()
+        self._gc_started = 0.0
+        if path is not None:
+            gc.callbacks.append(self._gc)
+
+    def _reset(self) -> None:
+        self.window = {"lag_max_ms": 0.0, "gc_ms": 0.0, "gc_max_ms": 0.0, "gc_full": 0,
+                       "encodes": 0, "encode_max_ms": 0.0}
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._gc_started) * 1000
+        with self._lock:
+            self.window["gc_ms"] += ms
+            self.window["gc_max_ms"] = max(self.window["gc_max_ms"], ms)
+            self.window["gc_full"] += info["generation"] == 2
+
+    def encoded(self, ms: float) -> None:
+        with self._lock:
+            self.window["encodes"] += 1
+            self.window["encode_max_ms"] = max(self.window["encode_max_ms"], ms)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.path is not None:
+            threading.Thread(target=self._probe, args=(loop,), name="stall-probe", daemon=True).start()
+
+    def _probe(self, loop: asyncio.AbstractEventLoop) -> None:
+        ran = threading.Event()
+        flushed = time.monotonic()
+        with open(self.path, "a") as out:
+            while not loop.is_closed():
+                ran.clear()
+                asked = time.perf_counter()
+                try:
+                    loop.call_soon_threadsafe(ran.set)
+                except RuntimeError:  # the loop closed meanwhile
+                    return
+                ran.wait(5)
+                lag = (time.perf_counter() - asked) * 1000
+                with self._lock:
+                    self.window["lag_max_ms"] = max(self.window["lag_max_ms"], lag)
+                    if time.monotonic() - flushed >= 0.25:
+                        flushed = time.monotonic()
+                        out.write(json.dumps({"t": flushed, **{k: round(v, 2) for k, v in self.window.items()}}) + "\n")
+                        out.flush()
+                        self._reset()
+                time.sleep(0.01)
+
+
+class TimedModel:
+    """The bare model with each ``encode_with_norms`` call timed into a ``StallRecorder``."""
+
+    def __init__(self, inner, stalls: StallRecorder):
+        self._inner, self._stalls = inner, stalls
+
+    def encode_with_norms(self, texts, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self._inner.encode_with_norms(texts, *args, **kwargs)
+        finally:
+            self._stalls.encoded((time.perf_counter() - started) * 1000)
+
+    def encode(self, texts):
+        return self.encode_with_norms(texts)[0]
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def stall_summary(path: Path, since: float, until: float) -> dict:
+    """The worst of the recorder's windows that ended between ``since`` and ``until``."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return {}
+    rows = [r for r in rows if since < r["t"] <= until + 0.25]
+    if not rows:
+        return {}
+    return {"loop_lag_max_ms": max(r["lag_max_ms"] for r in rows), "gc_pause_max_ms": max(r["gc_max_ms"] for r in rows),
+            "gc_ms_per_s": round(sum(r["gc_ms"] for r in rows) / max(until - since, 1e-9), 1),
+            "gc_full": sum(r["gc_full"] for r in rows), "encode_call_max_ms": max(r["encode_max_ms"] for r in rows),
+            "encode_calls": sum(r["encodes"] for r in rows)}
+
+
+def serve(port: int, entries: int, backend: str, profile: Path | None, stalls_to: Path | None = None) -> None:
     """The service under test (run in a child process, ``PYTHONPATH`` at the build's source)."""
     import uvicorn
 
@@ -62,8 +161,9 @@ def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
     configure_logging(settings.log_level, settings.log_format)
     embedder = load_embedder(CacheSettings(encoder_backend=backend))
     texts, answers, vectors = corpus_vectors(embedder, entries)
+    stalls = StallRecorder(stalls_to)
     # the bare model: each build wraps it in its own encoder front (batching, workers) from its settings
-    app = create_app(build_components(settings, NullPublisher(), embedder,
+    app = create_app(build_components(settings, NullPublisher(), TimedModel(embedder, stalls),
                                       registry=registry_for("hnsw", entries, 0.1)))
     set_search_threads(2)
     fill(app.state.components.cache, texts, answers, vectors)
@@ -73,8 +173,15 @@ def serve(port: int, entries: int, backend: str, profile: Path | None) -> None:
         from pyinstrument import Profiler
         profiler = Profiler(interval=0.0005, async_mode="disabled")
         profiler.start()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, log_config=None))
+
+    async def run() -> None:
+        stalls.start(asyncio.get_running_loop())
+        await server.serve()
+
     try:
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, log_config=None)
+        asyncio.run(run())  # uvicorn.run's default loop and parser, plus the stall recorder on the loop
     finally:
         if profiler is not None:
             profiler.stop()
@@ -111,6 +218,7 @@ class Build:
 
     def __init__(self, name: str, source: Path, args, log_dir: Path, command: list[str] | None = None):
         self.name, self.port = name, free_port()
+        self.stalls: Path | None = None
         self.path, self.field = ("/get", "prompt") if command else ("/v1/lookup", "query")
         env = {**os.environ, "PYTHONPATH": str(source), "SCACHE_SERVICE__OPEN_ACCESS": "true"}
         if command is None:
@@ -118,6 +226,8 @@ class Build:
                        "--entries", str(args.entries), "--backend", args.backend]
             if args.profile:
                 command += ["--profile-to", str(RESULTS / f"front_throughput-profile-{name}.txt")]
+            self.stalls = log_dir / f"{name}-stalls.jsonl"
+            command += ["--stalls-to", str(self.stalls)]
         else:
             command = [*command[:2], str(self.port), *command[2:]]
             env.pop("PYTHONPATH")
@@ -284,8 +394,13 @@ async def run(args) -> dict:
                     result.setdefault("bare_encode_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, queries[:40]), 2)
                     for name in order:
                         cpu, loop_cpu = builds[name].cpu_s()
+                        since = time.monotonic()
                         level = await drive(builds[name], queries, f"{r}{name}", c, args.seconds)
                         cpu_after, loop_after = builds[name].cpu_s()
+                        if builds[name].stalls is not None:
+                            until = time.monotonic()
+                            await asyncio.sleep(0.6)  # the recorder's last window of the level is written
+                            level["stalls"] = stall_summary(builds[name].stalls, since, until)
                         per = 1000 / max(level["requests"], 1)
                         level["cpu_ms_per_lookup"] = round((cpu_after - cpu) * per, 2)
                         level["loop_cpu_ms_per_lookup"] = round((loop_after - loop_cpu) * per, 2)
@@ -324,9 +439,10 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stalls-to", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.entries, args.backend, args.profile_to)
+        serve(args.serve, args.entries, args.backend, args.profile_to, args.stalls_to)
         return
     out = asyncio.run(run(args))
     print(json.dumps({k: v for k, v in out.items() if k.endswith("_median")} or out["rounds"][-1], indent=1))
