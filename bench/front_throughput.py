@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import os
 import signal
@@ -163,8 +164,11 @@ def serve(port: int, entries: int, backend: str, profile: Path | None, stalls_to
     texts, answers, vectors = corpus_vectors(embedder, entries)
     stalls = StallRecorder(stalls_to)
     # the bare model: each build wraps it in its own encoder front (batching, workers) from its settings
-    app = create_app(build_components(settings, NullPublisher(), TimedModel(embedder, stalls),
-                                      registry=registry_for("hnsw", entries, 0.1)))
+    components = build_components(settings, NullPublisher(), TimedModel(embedder, stalls),
+                                  registry=registry_for("hnsw", entries, 0.1))
+    # as python -m cache_core.service builds it (a build from before the heap freeze takes no argument)
+    app = create_app(components, freeze=True) if "freeze" in inspect.signature(create_app).parameters \
+        else create_app(components)
     set_search_threads(2)
     fill(app.state.components.cache, texts, answers, vectors)
     set_search_threads(1)

@@ -75,7 +75,7 @@ def serve(settings, instance_id: str, spool_dir: Path) -> int:
             return 2
         log.info("cache service starting", extra={"host": settings.service.host, "port": settings.service.port,
                                                   "instance_id": instance_id})
-        uvicorn.run(create_app(components), host=settings.service.host, port=settings.service.port,
+        uvicorn.run(create_app(components, freeze=True), host=settings.service.host, port=settings.service.port,
                     log_level=settings.log_level.lower(), access_log=False, log_config=None)
     finally:
         components.stop()  # also when uvicorn could not start (e.g. port taken); a no-op after the lifespan's
