@@ -313,6 +313,9 @@ class WindowAggregate(BaseModel):
     """fresh / mid / late / expired / none (see udfs.buckets.lifetime_bucket)."""
     requests: int
     hits: int
+    disk_hits: int = 0
+    """Hits the disk tier served (CacheEvent.tier "disk"); the rest of ``hits`` came from
+    memory (a hit logged before the tier was, migration 0010, counts as memory)."""
     decayed_hits: float
     """Sum over hits of udfs.decay.sim_decay(similarity, entry_age_s)."""
     similarity_sum: float

@@ -87,6 +87,20 @@ def breakdown_bars(df: pd.DataFrame, category_col: str, *, value_col: str = "hit
     ).properties(height=280)
 
 
+def tier_hit_rates(df: pd.DataFrame, *, arm_col: str = "arm", tier_col: str = "tier",
+                   rate_col: str = "hit_rate") -> alt.Chart:
+    """One stacked bar per arm: its hit rate split by the store tier that served the hits
+    (the stack adds up to the arm's hit rate)."""
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X(f"{arm_col}:N", title="arm", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y(f"{rate_col}:Q", title="hit rate", axis=RATE_AXIS, stack="zero"),
+        color=alt.Color(f"{tier_col}:N", title="tier", sort=["memory", "disk"]),
+        order=alt.Order(f"{tier_col}:N", sort="descending"),
+        tooltip=[alt.Tooltip(f"{arm_col}:N"), alt.Tooltip(f"{tier_col}:N"),
+                 alt.Tooltip(f"{rate_col}:Q", format=".1%"), alt.Tooltip("hits:Q"), alt.Tooltip("requests:Q")],
+    ).properties(height=240)
+
+
 def rate_with_interval(df: pd.DataFrame, *, arm_col: str = "arm", rate_col: str = "hit_rate",
                        low_col: str = "ci_low", high_col: str = "ci_high") -> alt.LayerChart:
     """Per-arm rate as a point with its confidence interval as an error bar."""

@@ -113,6 +113,7 @@ SELECT request_id, ts_ms, ts, pt, hit, similarity, entry_age_s, entry_ttl_s, ann
   COALESCE(`variant`, 'base') AS `variant`,
   COALESCE(namespace, '') AS namespace, COALESCE(config_version, 0) AS config_version,
   COALESCE(intent_cluster, -1) AS intent_cluster, COALESCE(index_kind, '') AS index_kind,
+  COALESCE(tier, 'memory') AS tier,
   {start} AS window_start_ms,
   COALESCE(TO_TIMESTAMP_LTZ({start} + {window_ms - 1}, 3) <= CURRENT_WATERMARK(ts), FALSE) AS is_late
 FROM events
@@ -130,7 +131,7 @@ SELECT * FROM (
 
 ENRICHED_SQL = """
 SELECT ts, window_start_ms, experiment_id, arm, `variant`, namespace, config_version, intent_cluster,
-  index_kind, hit, similarity, ann_checked, ann_agree, `guard`, latency_ms,
+  index_kind, tier, hit, similarity, ann_checked, ann_agree, `guard`, latency_ms,
   lifetime_bucket_vec(entry_age_s, entry_ttl_s) AS lifetime_bucket,
   sim_decay_vec(similarity, entry_age_s) AS decayed_similarity,
   latency_bucket_vec(latency_ms) AS latency_bucket
@@ -158,6 +159,7 @@ SELECT window_start_ms, window_start_ms + {window_s * 1000} AS window_end_ms,
   experiment_id, arm, `variant`, namespace, config_version, intent_cluster, index_kind, lifetime_bucket,
   COUNT(*) AS requests,
   CAST(SUM(CASE WHEN hit THEN 1 ELSE 0 END) AS BIGINT) AS hits,
+  CAST(SUM(CASE WHEN hit AND tier = 'disk' THEN 1 ELSE 0 END) AS BIGINT) AS disk_hits,
   SUM(CASE WHEN hit THEN COALESCE(decayed_similarity, 0.0) ELSE 0.0 END) AS decayed_hits,
   SUM(COALESCE(similarity, 0.0)) AS similarity_sum,
   COUNT(similarity) AS similarity_count,

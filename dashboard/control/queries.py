@@ -186,6 +186,25 @@ def threshold_sources(client, filters: Filters) -> pd.DataFrame:
     return _frame(client, sql_verdicts.THRESHOLD_SOURCES_SQL, filters.parameters())
 
 
+TIERS = ("memory", "disk")
+"""The store tiers a hit can come from (cache_core.events.CacheEvent.tier)."""
+
+
+def tier_hit_rates(client, filters: Filters) -> pd.DataFrame:
+    """Per arm x store tier (``TIERS``), from the aggregates: requests (the arm's), hits the
+    tier served and hit_rate = those hits / the arm's requests (an arm's tiers add up to its
+    hit rate)."""
+    wide = _frame(client, sql.TIER_HITS_SQL, filters.parameters())
+    return tier_frame(wide)
+
+
+def tier_frame(wide: pd.DataFrame) -> pd.DataFrame:
+    """``TIER_HITS_SQL``'s rows (arm, requests, hits_memory, hits_disk) one row per arm x tier."""
+    rows = [{"arm": row.arm, "tier": tier, "requests": int(row.requests), "hits": int(getattr(row, f"hits_{tier}"))}
+            for row in wide.itertuples(index=False) for tier in TIERS]
+    return _with_hit_rate(pd.DataFrame(rows, columns=["arm", "tier", "requests", "hits"]))
+
+
 def hit_tiers(client, filters: Filters) -> pd.DataFrame:
     """Per arm x store tier ("memory" / "disk"): hits, search and lookup time, users' verdicts."""
     return _frame(client, sql_verdicts.HIT_TIERS_SQL, filters.parameters())

@@ -46,6 +46,19 @@ ORDER BY arm
 """
 
 
+TIER_HITS_SQL = f"""
+SELECT arm,
+       sum(requests) AS requests,
+       sum(hits) - sum(disk_hits) AS hits_memory,
+       sum(disk_hits) AS hits_disk
+FROM window_agg FINAL
+{_WINDOW_FILTER}
+GROUP BY arm
+ORDER BY arm
+"""
+"""Per arm: requests and the hits each store tier served (window_agg.disk_hits, migration 0014)."""
+
+
 LATENCY_HIST_SQL = f"""
 SELECT arm, sum(requests) AS requests, sumForEach(latency_hist) AS latency_hist
 FROM window_agg FINAL
@@ -381,6 +394,7 @@ ORDER BY intent_cluster
 COLUMNS: dict[str, list[str]] = {
     ARM_SUMMARY_SQL: ["arm", *_SUMS, "guard_blocks", "latency_sum_ms"],
     LATENCY_HIST_SQL: ["arm", "requests", "latency_hist"],
+    TIER_HITS_SQL: ["arm", "requests", "hits_memory", "hits_disk"],
     TIMESERIES_SQL: ["arm", "bucket", "requests", "hits", "latency_sum_ms", "latency_hist"],
     **{sql: ["arm", dim, *_SUMS] for dim, sql in BREAKDOWN_SQL.items()},
     SIMILARITY_HIST_SQL: ["arm", "intent_cluster", "similarity_milli", "decisions", "hits", "guard_blocks",

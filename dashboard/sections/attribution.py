@@ -1,5 +1,6 @@
 """The attribution page's sections: breakdowns by intent cluster, index precision and cache
-lifetime, and why two arms' hit rates differ (mix vs rate, Holm-adjusted per cluster)."""
+lifetime, why two arms' hit rates differ (mix vs rate, Holm-adjusted per cluster), hit rate
+by the store tier that served it, and the judge versions."""
 from __future__ import annotations
 
 import pandas as pd
@@ -42,8 +43,21 @@ def attribution(view: View) -> None:
         st.caption("Where in its TTL the served entry was (fresh < ⅓ TTL ≤ mid < ⅔ TTL ≤ late); misses are 'none'.")
     decomposition_section(view, {"intent_cluster": by_cluster, "index_kind": by_index, "lifetime_bucket": by_life},
                           examples)
+    tier_section(view)
     judge_section(view)
     threshold_source_section(view)
+
+
+def tier_section(view: View) -> None:
+    """Hit rate per arm split by the store tier (memory / disk) that served the hits."""
+    st.subheader("By store tier")
+    tiers = optional(view, "tier_hit_rates", view.filters)  # window_agg.disk_hits: migration 0014
+    if tiers is None or tiers.empty or not tiers["hits"].any():
+        st.info("No hits in this range yet.")
+        return
+    st.altair_chart(charts.tier_hit_rates(tiers), use_container_width=True)
+    st.caption("Hits served from memory, and from an arm's disk tier (`disk_entries`: cold entries on local "
+               "disk, promoted on a hit); each bar adds up to the arm's hit rate.")
 
 
 NO_JUDGE = "No arm has a judge in this range: every hit was decided by its threshold (an arm names one with `judge`)."

@@ -44,6 +44,8 @@ def make_events(base_ms: int, window_s: int, n: int = 180, seed: int = 7,
             ann_agree=(rng.random() < 0.9) if checked else None,
             guard="negation" if (not hit and rng.random() < 0.1) else None,
             latency_ms=rng.choice(LATENCIES_MS), variant=rng.choice(("base", "base", "canary")),
+            # The tier a hit came from (no rng draw); None: logged before events carried it (memory).
+            tier=(("disk" if i % 3 == 0 else "memory" if i % 4 else None) if hit else None),
             # exp-b's arm re-ranks by mixed score (no rng draw: the other fields stay as they were).
             **(multi_fields(i, similarity) if experiment_id == "exp-b" else {}),
         ))
@@ -159,12 +161,13 @@ def expected_windows(events: Iterable[CacheEvent], window_s: int) -> dict[tuple,
         key = (_window_start(e.ts_ms, window_s), e.experiment_id, e.arm, e.variant, e.namespace,
                e.config_version, e.intent_cluster, e.index_kind,
                lifetime_bucket(e.entry_age_s, e.entry_ttl_s))
-        r = rows.setdefault(key, {"requests": 0, "hits": 0, "decayed_hits": 0.0, "similarity_sum": 0.0,
+        r = rows.setdefault(key, {"requests": 0, "hits": 0, "disk_hits": 0, "decayed_hits": 0.0, "similarity_sum": 0.0,
                                   "similarity_count": 0, "ann_checks": 0, "ann_agreements": 0,
                                   "guard_blocks": 0, "latency_sum_ms": 0.0,
                                   "latency_hist": [0] * LATENCY_BUCKETS})
         r["requests"] += 1
         r["hits"] += int(e.hit)
+        r["disk_hits"] += int(e.hit and e.tier == "disk")
         if e.hit:
             r["decayed_hits"] += sim_decay(e.similarity, e.entry_age_s) or 0.0
         r["similarity_sum"] += e.similarity or 0.0
@@ -186,10 +189,10 @@ def _rounded(row: dict) -> dict:
 def warehouse_windows(client, experiment_ids: list[str]) -> dict[tuple, dict]:
     result = client.query(
         "SELECT toUnixTimestamp64Milli(window_start), experiment_id, arm, variant, namespace, config_version,"
-        " intent_cluster, index_kind, lifetime_bucket, requests, hits, decayed_hits, similarity_sum,"
+        " intent_cluster, index_kind, lifetime_bucket, requests, hits, disk_hits, decayed_hits, similarity_sum,"
         " similarity_count, ann_checks, ann_agreements, guard_blocks, latency_sum_ms, latency_hist"
         " FROM window_agg FINAL WHERE experiment_id IN {ids:Array(String)}", parameters={"ids": experiment_ids})
-    names = ["requests", "hits", "decayed_hits", "similarity_sum", "similarity_count", "ann_checks",
+    names = ["requests", "hits", "disk_hits", "decayed_hits", "similarity_sum", "similarity_count", "ann_checks",
              "ann_agreements", "guard_blocks", "latency_sum_ms", "latency_hist"]
     return {tuple(row[:9]): _rounded(dict(zip(names, row[9:]))) for row in result.result_rows}
 

@@ -228,6 +228,8 @@ def test_overview_statistics_and_attribution_waterfall(app_env, ch_settings):
     about = next(t for t in tables if list(t.columns) == ["intent_cluster", "requests", "examples"])
     assert about["intent_cluster"].tolist() == [1, 2, 3]  # busiest first
     assert any(i.value.startswith("No arm has a judge") for i in at.info)  # the seeded arms have none
+    assert "By store tier" in [h.value for h in at.subheader]  # the treatment arm's seeded disk hits
+    assert not any(i.value.startswith("No hits in this range") for i in at.info)
     switch(at, TIME_SERIES)
     at.selectbox(key="ts_metric").set_value("p95_ms").run()
     assert not at.exception

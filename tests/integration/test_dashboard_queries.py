@@ -34,6 +34,17 @@ def test_arm_summary_counts_each_window_once(seeded):
     assert df.at["control", "latency_mean_ms"] == pytest.approx(7.0)
 
 
+def test_hit_rate_by_tier_adds_up_to_the_arms(seeded):
+    client, filters, *_ = seeded
+    tiers = queries.tier_hit_rates(client, filters).set_index(["arm", "tier"])
+    summary = queries.arm_summary(client, filters).set_index("arm")
+    for arm in summary.index:
+        memory, disk = tiers.loc[(arm, "memory")], tiers.loc[(arm, "disk")]
+        assert memory.hits + disk.hits == summary.at[arm, "hits"]
+        assert memory.hit_rate + disk.hit_rate == pytest.approx(summary.at[arm, "hit_rate"])
+    assert tiers.loc[("control", "disk")].hits == 0 and tiers.loc[("treatment", "disk")].hits > 0
+
+
 def test_filters_narrow_results(seeded):
     client, filters, experiment_id, _ = seeded
     other_ns = queries.Filters(experiment_id, filters.start, filters.end, namespace="nope")

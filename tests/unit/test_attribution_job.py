@@ -178,3 +178,15 @@ def test_user_and_shadow_feedback_are_kept_apart():
     assert "source = 'shadow'" in job.RAW_FEEDBACK_VIEWS["shadow_feedback"]
     assert "<> 'shadow'" in job.RAW_FEEDBACK_VIEWS["user_feedback"]
     assert sink.SHADOW_FEEDBACK_RAW in sink.RAW_TABLES
+
+
+def test_window_aggregates_count_the_hits_each_store_tier_served():
+    # A hit logged before events carried the tier (migration 0010) counts as memory.
+    assert "COALESCE(tier, 'memory') AS tier" in job.decisions_sql(_settings())
+    assert "index_kind, tier, hit," in job.ENRICHED_SQL
+    sql = job.window_agg_sql(7)
+    assert "CAST(SUM(CASE WHEN hit AND tier = 'disk' THEN 1 ELSE 0 END) AS BIGINT) AS disk_hits" in sql
+    spec = sink.TABLES[sink.WINDOW_AGG]
+    assert "disk_hits" in spec.counters and "tier" not in spec.keys  # a count per window, not a key
+    assert spec.input_columns.index("disk_hits") == spec.input_columns.index("hits") + 1
+    assert '"disk_hits":0' in sink.emptied(sink.WINDOW_AGG, '{"hits":3,"disk_hits":2,"arm":"a"}')
