@@ -82,6 +82,13 @@ class ErrorBoundedThresholds(_Closed):
     """The lowest threshold a level may learn."""
     step: float = Field(0.005, gt=0.0, le=0.1)
     """Spacing of the candidate thresholds, tested from 1.0 down to ``floor``."""
+    start_threshold: float = Field(1.0, ge=-1.0, le=1.0)
+    """The cold start: until a lookup's threshold is learnt (``threshold_source`` "static": the arm
+    holds fewer than ``verdicts_needed`` verdicts, or no level decides yet) it serves only at or above
+    the higher of this and the arm's ``threshold``. The default 1.0 serves only exact repeats then, so
+    the start is bounded by construction; the verdicts still come from the shadow checks of near-misses
+    in the band below it. A lower value (e.g. the arm's ``threshold``) serves more while it learns, with
+    no bound (bench.error_bound: at 0.90 on its mixed stream at δ = 0.02 all wrong hits came then)."""
 
     @model_validator(mode="after")
     def _can_certify(self) -> "ErrorBoundedThresholds":

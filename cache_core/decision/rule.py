@@ -85,11 +85,12 @@ class HitRule:
     def _bounds(self, candidates: list[Candidate], arm: ArmConfig, cluster: int | None, variant: Variant,
                 experiment_id: str) -> list[tuple[float, ThresholdSource]] | None:
         """Error-bounded arms: each candidate's learnt threshold and its level (one for the
-        query's cluster when there is no candidate); None on other arms and canary units."""
+        query's cluster when there is no candidate), before it is learnt the arm's threshold raised to
+        the policy's ``start_threshold``; None on other arms and canary units."""
         policy = arm.threshold_policy
         if not isinstance(policy, ErrorBoundedThresholds) or (variant == "canary" and arm.canary is not None):
             return None
-        static = threshold_for(arm, cluster, variant)
+        static = max(threshold_for(arm, cluster, variant), policy.start_threshold)  # the cold start
         if not candidates:
             return [self.verdicts.threshold(experiment_id, arm.name, policy, "", -1 if cluster is None else cluster,
                                             static)]

@@ -203,3 +203,24 @@ def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream():
     assert wrongs / hits <= CURVES.delta + 0.01
     assert hits / 6000 >= 0.12
     assert (sources.count("entry") + sources.count("cluster")) / len(sources) >= 0.8
+
+
+def test_the_cold_start_serves_only_at_or_above_start_threshold_until_the_arm_learns():
+    """Before the arm holds enough verdicts its threshold is max(arm threshold, start_threshold):
+    by default 1.0, only exact repeats; a lower start_threshold is the old, unbounded start."""
+    assert CURVES.start_threshold == 1.0
+    with pytest.raises(ValidationError):
+        ErrorBoundedThresholds(delta=0.05, start_threshold=1.5)
+    rule = HitRule()
+    arm = ArmConfig(name="a", threshold=0.9, threshold_policy={"kind": "error_bounded", "delta": 0.05})
+    cold = rule.decide("q", [candidate("close", 0.97)], arm, 0, experiment_id="e")
+    assert not cold.hit and (cold.threshold, cold.threshold_source) == (1.0, "static")
+    repeat = rule.decide("q", [candidate("same", 1.0)], arm, 0, experiment_id="e")
+    assert repeat.hit and repeat.threshold_source == "static"
+    old = arm.model_copy(update={"threshold_policy": ErrorBoundedThresholds(delta=0.05, start_threshold=0.5)})
+    assert rule.decide("q", [candidate("close", 0.97)], old, 0, experiment_id="e").threshold == 0.9  # the arm's
+    assert rule.decide("q", [candidate("close", 0.97)], old, 0, experiment_id="e").hit
+    for i in range(CURVES.verdicts_needed):  # enough verdicts, all correct: the learnt threshold decides
+        rule.verdicts.record(Judged("e", "a", f"y{i}", 0, 0.85 + i * 0.002, False))
+    warm = rule.decide("q", [candidate("close", 0.97)], arm, 0, experiment_id="e")
+    assert warm.hit and warm.threshold < 0.97 and warm.threshold_source != "static"
