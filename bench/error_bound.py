@@ -1,8 +1,8 @@
 """Error-bounded thresholds vs global thresholds, replaying banking77 (issue 25 part 3).
 
 ``python -m bench.error_bound [--hit-share 0.25] [--near-miss-share 1.0] [--band 0.1]
-[--start 0.90] [--warm-share 1.0] [--estimators staircase curves] [--mix-gptcache]
-[--out bench/results/error_bound]``
+[--start 0.90] [--start-threshold 1.0] [--compare-start] [--warm-share 1.0]
+[--estimators staircase curves] [--mix-gptcache] [--out bench/results/error_bound]``
 
 banking77 train.csv warms the cache (answer = the intent), test.csv is the live traffic,
 in file order (with ``--warm-share`` below 1 a seeded share of train warms and the rest of
@@ -19,6 +19,10 @@ and the error-bounded policy at δ = 0.02, 0.05, 0.10 starting from ``--start``,
 ``--estimators`` (the curves estimator and the staircase it replaced, by default). Printed and
 written: realised false-hit rate (wrong share of hits) and hit rate overall and per window
 of ``--window`` queries, the share of lookups each level decided, and a PNG.
+The cold start: until its threshold is learnt the arm serves at or above
+max(``--start``, ``--start-threshold``) (the policy's ``start_threshold``, default 1.0: only
+exact repeats); ``--compare-start`` also replays each arm with ``start_threshold`` = ``--start``
+(the unbounded start it had before) and prints both first windows' wrong hits.
 ``--mix-gptcache`` adds GPTCache's mock pairs (origin stored, paraphrase queried; correct if
 its own origin) to the same cache, banking77 being unrelated traffic for them.
 """
@@ -197,12 +201,16 @@ def summarise(hits: np.ndarray, wrongs: np.ndarray, sources: list[str], threshol
         windows.append({"start": start, "hit_rate": float(h.mean()),
                         "false_hit_rate": float(w.sum() / max(h.sum(), 1))})
     share = {s: sources.count(s) / n for s in ("entry", "cluster", "arm", "static")}
+    first = slice(0, window)
     second = slice(n // 2, n)
     return {"queries": n, "hits": int(hits.sum()), "false_hits": int(wrongs.sum()),
             "hit_rate": float(hits.mean()), "false_hit_rate": float(wrongs.sum() / max(hits.sum(), 1)),
             "correct_hit_rate": float((hits & ~wrongs).mean()),
             "second_half": {"hit_rate": float(hits[second].mean()),
                             "false_hit_rate": float(wrongs[second].sum() / max(hits[second].sum(), 1))},
+            "first_window": {"queries": len(hits[first]), "hits": int(hits[first].sum()),
+                             "false_hits": int(wrongs[first].sum()),
+                             "false_hit_rate": float(wrongs[first].sum() / max(hits[first].sum(), 1))},
             "verdicts": verdicts, "source_share": share, "median_threshold": float(np.median(thresholds)),
             "windows": windows}
 
@@ -228,17 +236,36 @@ def run(stream: Stream, args) -> dict:
         print(f"δ={delta:.2f}: best global cut {'none' if best is None else f'{best:.2f}'}"
               + ("" if base is None else f" hit {base['hit_rate']:.1%} false {base['false_hit_rate']:.1%}"))
         for name in args.estimators:
-            arm = ArmConfig(name=f"bound-{name}-{delta}", threshold=args.start,
-                            threshold_policy={"kind": "error_bounded", "delta": delta, "estimator": name,
-                                              "confidence": args.confidence})
-            bounded = simulate(prepared, arm, **opts)
+            bounded = simulate(prepared, bounded_arm(name, delta, args, args.start_threshold), **opts)
             result["error_bounded"][name][str(delta)] = bounded
             print(f"   {name:>9}: hit {bounded['hit_rate']:.1%} false {bounded['false_hit_rate']:.1%}"
                   f" (2nd half: hit {bounded['second_half']['hit_rate']:.1%} false "
                   f"{bounded['second_half']['false_hit_rate']:.1%}), verdicts {bounded['verdicts']}, decided by "
                   + ", ".join(f"{k} {v:.0%}" for k, v in bounded["source_share"].items()), flush=True)
+            if args.compare_start:
+                before = simulate(prepared, bounded_arm(name, delta, args, args.start), **opts)
+                bounded["start_before"] = before
+                print(f"   {'':>9}  first {args.window} queries, start {args.start:.2f} (before) vs "
+                      f"{max(args.start, bounded_arm(name, delta, args, args.start_threshold).threshold_policy.start_threshold):.2f}:"
+                      f" {_first(before)} vs {_first(bounded)}; whole run hit {before['hit_rate']:.1%} false "
+                      f"{before['false_hit_rate']:.1%} vs {bounded['hit_rate']:.1%} false "
+                      f"{bounded['false_hit_rate']:.1%}", flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")
     return result
+
+
+def bounded_arm(estimator: str, delta: float, args, start_threshold: float | None) -> ArmConfig:
+    """The error-bounded arm: threshold ``--start``, ``start_threshold`` (None: the policy's default)."""
+    policy = {"kind": "error_bounded", "delta": delta, "estimator": estimator, "confidence": args.confidence}
+    if start_threshold is not None:
+        policy["start_threshold"] = start_threshold
+    return ArmConfig(name=f"bound-{estimator}-{delta}", threshold=args.start, threshold_policy=policy)
+
+
+def _first(r: dict) -> str:
+    f = r["first_window"]
+    return (f"{f['false_hits']} wrong of {f['hits']} hits ({f['false_hit_rate']:.1%}; "
+            f"{f['false_hits'] / max(r['false_hits'], 1):.0%} of the run's wrong hits)")
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -290,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--near-miss-share", type=float, default=1.0, help="share of near-misses that get one")
     parser.add_argument("--band", type=float, default=0.1, help="near-miss band below the threshold used")
     parser.add_argument("--start", type=float, default=0.90, help="the error-bounded arm's threshold until it learns")
+    parser.add_argument("--start-threshold", type=float, default=None,
+                        help="the policy's start_threshold (default: its own, 1.0)")
+    parser.add_argument("--compare-start", action="store_true",
+                        help="also replay each arm with start_threshold = --start (the unbounded start)")
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--warm-share", type=float, default=1.0, help="share of train that warms the cache")
     parser.add_argument("--window", type=int, default=500)
