@@ -223,12 +223,35 @@ def test_with_own_labels_the_blend_is_the_one_serving_most_on_their_held_out_row
     y = rng.random(2000) < 0.5
     raw = np.where(y, 2.0, -2.0) + rng.normal(0, 0.5, 2000)  # the trees separate the kinds
     useless_cosine = rng.random(2000)  # the cosine says nothing in this domain
-    split_at = 1000
-    choice = choose_blend(raw[:split_at], useless_cosine[:split_at], raw[split_at:], useless_cosine[split_at:],
-                          y[split_at:].astype(int))
+    scores = {kind: mix for kind, (_, mix) in blends(raw, useless_cosine).items()}
+    choice = choose_blend(scores, y.astype(int))
     assert choice["chosen"] is None and choice["served"]["none"] > 0.9 > choice["served"]["min"] + 0.3
-    tied = choose_blend(raw[:split_at], raw[:split_at], raw[split_at:], raw[split_at:], y[split_at:].astype(int))
+    tied = choose_blend({kind: raw for kind in scores}, y.astype(int))
     assert tied["chosen"] == "min"  # the same order every way: the safest blend wins the tie
+
+
+def blends(raw, cosine):
+    from cache_core.decision.judge_model import CosineBlend
+    from cache_core.decision.judge_train import BLEND_CANDIDATES
+
+    return {kind: (None, raw if kind is None else CosineBlend.fit(kind, raw, cosine)(raw, cosine))
+            for kind in BLEND_CANDIDATES}
+
+
+def test_with_own_labels_every_own_pair_is_scored_out_of_fold_and_the_cut_rests_on_all_of_them():
+    own = labelled_pairs(300, seed=6)
+    artifact = train(own, labelled_pairs(200, seed=7), fake_encode, fake_tokens, version="t8", encoder="fake",
+                     seed=2, folds=5)
+    assert artifact.report["holdout_rows"] == len(own) and artifact.report["train_rows"] == 500
+    assert artifact.report["operating_points_rule"] == "out of fold over the own pairs (5 folds)"
+    split_one = train(own, labelled_pairs(200, seed=7), fake_encode, fake_tokens, version="t8", encoder="fake",
+                      seed=2, folds=1)
+    assert split_one.report["holdout_rows"] == round(len(own) * 0.2)
+    again = train(own, labelled_pairs(200, seed=7), fake_encode, fake_tokens, version="t8", encoder="fake",
+                  seed=2, folds=5)  # deterministic under a seed
+    X = artifact_features_sample()
+    assert again.operating_points == artifact.operating_points
+    assert np.array_equal(again.probabilities(X), artifact.probabilities(X))
 
 
 def test_auto_blend_on_public_sets_alone_keeps_the_min_blend():
