@@ -37,15 +37,17 @@ GROUP BY arm
 ORDER BY arm
 """
 
-# Per user: labelled hits (x) and the wrong ones (y), by decision time; latest verdict wins.
-UNIT_FALSE_HITS_SQL = f"""
+def _unit_false_hits_sql(weight: str, which_hits: str) -> str:
+    """Per user: the verdicts on ``which_hits``, each weighing ``weight`` (x), and the wrong
+    ones (y), by decision time; the latest verdict wins."""
+    return f"""
 SELECT arm, {_UNIT_SUMS}
 FROM (
-    SELECT e.arm AS arm, e.unit AS unit, count() AS x, countIf(f.verdict = 'wrong') AS y
+    SELECT e.arm AS arm, e.unit AS unit, sum(e.w) AS x, sumIf(e.w, f.verdict = 'wrong') AS y
     FROM (
-        SELECT request_id, arm, {_UNIT} AS unit FROM events_raw FINAL
+        SELECT request_id, arm, {_UNIT} AS unit, {weight} AS w FROM events_raw FINAL
         {_UNIT_DECISIONS}
-          AND hit
+          AND {which_hits}
     ) AS e
     INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
     GROUP BY arm, unit
@@ -54,25 +56,15 @@ GROUP BY arm
 ORDER BY arm
 """
 
+
+# Every labelled hit, each counting once.
+UNIT_FALSE_HITS_SQL = _unit_false_hits_sql("toFloat64(1)", "hit")
+
 # Solicited verdicts (docs/solicited_feedback.md): hits the service asked about (feedback_requested,
-# a random draw at feedback_prob), each weighing 1 / feedback_prob. Per user: the weighted requested
-# hits that got a verdict (x) and the weighted wrong ones (y): sum y / sum x is the Hajek estimate
-# of the false-hit rate, its variance the delta method over users as for any other ratio.
-UNIT_SOLICITED_FALSE_HITS_SQL = f"""
-SELECT arm, {_UNIT_SUMS}
-FROM (
-    SELECT e.arm AS arm, e.unit AS unit, sum(e.w) AS x, sumIf(e.w, f.verdict = 'wrong') AS y
-    FROM (
-        SELECT request_id, arm, {_UNIT} AS unit, 1 / assumeNotNull(feedback_prob) AS w FROM events_raw FINAL
-        {_UNIT_DECISIONS}
-          AND hit AND feedback_requested AND feedback_prob > 0
-    ) AS e
-    INNER JOIN (SELECT request_id, verdict FROM feedback_raw FINAL) AS f USING (request_id)
-    GROUP BY arm, unit
-)
-GROUP BY arm
-ORDER BY arm
-"""
+# a random draw at feedback_prob), each weighing 1 / feedback_prob: sum y / sum x is the Hajek
+# estimate of the false-hit rate, its variance the delta method over users as for any other ratio.
+UNIT_SOLICITED_FALSE_HITS_SQL = _unit_false_hits_sql(
+    "1 / assumeNotNull(feedback_prob)", "hit AND feedback_requested AND feedback_prob > 0")
 
 # Per arm: the requested hits and how many got an answer (plain and weighted): the response rate,
 # and the worst case that counts every unanswered request as wrong.
