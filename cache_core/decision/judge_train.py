@@ -381,17 +381,18 @@ def plot_report(artifact: JudgeArtifact, prob: np.ndarray | None, path: Path) ->
     except ImportError:
         return False
     report = artifact.report
+    rows = "out-of-fold" if report.get("operating_points_rule", "").startswith("out of fold") else "held-out"
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for name, key in (("judge", "operating_points"), ("cosine", "cosine_operating_points")):
         pts = report[key]
         left.plot([float(k) * 100 for k in pts], [pts[k]["recall"] * 100 for k in pts], marker="o", label=name)
     left.set(xlabel="wrong share of hits, target (%)", ylabel="true duplicates served (%)",
-             title=f"judge {artifact.version}: held-out operating points")
+             title=f"judge {artifact.version}: {rows} operating points")
     left.legend()
     cal = report["calibration"]
     right.plot([0, 1], [0, 1], color="grey", lw=0.8)
     right.plot([b["predicted"] for b in cal], [b["observed"] for b in cal], marker="o")
-    right.set(xlabel="predicted probability", ylabel="observed share correct", title="calibration (held-out)")
+    right.set(xlabel="predicted probability", ylabel="observed share correct", title=f"calibration ({rows})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
