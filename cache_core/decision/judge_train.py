@@ -191,12 +191,7 @@ def operating_points(prob: np.ndarray, y: np.ndarray, confidence: float = CUT_CO
 
 def split(n: int, y: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Stratified (train, holdout) row indices."""
-    rng = np.random.default_rng(seed)
-    held = []
-    for label in (0, 1):
-        idx = np.flatnonzero(y == label)
-        rng.shuffle(idx)
-        held.append(idx[:max(1, int(round(len(idx) * share)))])
+    held = [idx[:max(1, int(round(len(idx) * share)))] for idx in _shuffled_by_label(y, seed)]
     holdout = np.sort(np.concatenate(held))
     return np.setdiff1d(np.arange(n), holdout), holdout
 
@@ -327,13 +322,21 @@ def _finish(trees: Trees, mixes: dict, scores: dict, cos_cut: np.ndarray, y_cut:
 
 def _stratified_folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
     """Each row's fold (0..folds-1), each label spread evenly over the folds."""
-    rng = np.random.default_rng(seed)
     fold = np.empty(len(y), dtype=int)
+    for idx in _shuffled_by_label(y, seed):
+        fold[idx] = np.arange(len(idx)) % folds
+    return fold
+
+
+def _shuffled_by_label(y: np.ndarray, seed: int) -> list[np.ndarray]:
+    """The row indices of label 0, then of label 1, each in a seeded random order."""
+    rng = np.random.default_rng(seed)
+    out = []
     for label in (0, 1):
         idx = np.flatnonzero(y == label)
         rng.shuffle(idx)
-        fold[idx] = np.arange(len(idx)) % folds
-    return fold
+        out.append(idx)
+    return out
 
 
 def choose_blend(scores: dict, y: np.ndarray, target: str = "0.05") -> dict:
