@@ -5,7 +5,8 @@
 For each public set and each seed, a seeded sample of ``--own-labels`` pairs from the set's train
 split stands for the user's file, and the other sets are added as public pairs:
 
-* ``min, 80/20``: the min blend, trees on 80% of the own pairs, cut on the other 20% (before);
+* ``min, 80/20``: the min blend, trees on 80% of the own pairs, cut on the other 20% (before;
+  ``fit_with_own_labels`` with one fold);
 * ``auto, 80/20``: the blend chosen on those 20% (``judge_train.choose_blend``);
 * ``auto, 5 folds``: the product's way (``judge_train.fit_with_own_labels``): every own pair
   scored out of fold, the blend, calibration and cut on all of them.
@@ -25,7 +26,7 @@ import numpy as np
 
 from bench.judge_quality import MODEL, RESULTS, SOURCES, features, served_at_cut
 from cache_core.decision.judge_tokens import token_encoder
-from cache_core.decision.judge_train import fit_artifact, fit_with_own_labels, split
+from cache_core.decision.judge_train import fit_with_own_labels
 from infra.runtime import shared_data_dir
 
 log = logging.getLogger("bench.judge_own_labels")
@@ -40,18 +41,12 @@ def compare(feats, seeds: int, own_labels: int) -> dict:
         others = [s for s in SOURCES if s != held]
         for seed in range(seeds):
             own = np.random.default_rng(seed).permutation(len(yo))[:own_labels]
-            tr, ca = split(len(own), yo[own], 0.2, seed)
             X_extra = np.vstack([feats[f"{s}-train"][0] for s in others])
             y_extra = np.concatenate([feats[f"{s}-train"][1] for s in others])
-            X, y = np.vstack([Xo[own][tr], X_extra]), np.concatenate([yo[own][tr], y_extra])
             for way in WAYS:
-                blend = way.split(",")[0]
-                if way.endswith("folds"):
-                    artifact = fit_with_own_labels(Xo[own], yo[own], X_extra, y_extra, version="bench",
-                                                   encoder=MODEL, blend=blend, seed=seed)
-                else:
-                    artifact = fit_artifact(X, y, Xo[own][ca], yo[own][ca], version="bench", encoder=MODEL,
-                                            blend=blend, seed=seed)
+                blend, fitting = way.split(", ")
+                artifact = fit_with_own_labels(Xo[own], yo[own], X_extra, y_extra, version="bench", encoder=MODEL,
+                                               blend=blend, seed=seed, folds=5 if fitting == "5 folds" else 1)
                 served, wrong = served_at_cut(artifact.probabilities(Xt), yt, artifact.operating_points["0.05"])
                 out.setdefault(held, {}).setdefault(way, []).append(
                     {"seed": seed, "served": served, "wrong": wrong, "blend": artifact.report["blend"]})

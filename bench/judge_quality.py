@@ -16,7 +16,7 @@ each with its own train and test split. Side by side, in one run, on every test 
   sources (a user bringing a few thousand of their own labels); operating points on the
   own pairs' held-out rows with the min blend (80/20, as before), and as ``judge_train --pairs``
   does now (``fit_with_own_labels``: auto blend, cross-fitted over 5 folds).
-Every judge is fitted by the product's own ``judge_train.fit_artifact``.
+Every judge is fitted by the product's own ``judge_train.fit_artifact`` (``fit_with_own_labels`` with own labels).
 The judges' cut is also chosen on the test split (the same oracle as cosine), so the
 columns compare ranking quality; the artifact's own held-out operating points are reported
 beside them ("cut from artifact": what the product would serve without a retune).
@@ -106,19 +106,14 @@ def evaluate(feats, in_domain_rows: int) -> dict:
                 row["methods"][f"{label}, {blend or 'trees'}"] = _scored(artifact, Xt, yt, train_s)
         Xo, yo = feats[f"{held}-train"]
         own = np.random.default_rng(0).permutation(len(yo))[:min(in_domain_rows, len(yo))]
-        tr, ca = split(len(own), yo[own], 0.2, 0)
-        X = np.vstack([Xo[own][tr]] + [feats[f"{s}-train"][0] for s in others])
-        y = np.concatenate([yo[own][tr]] + [feats[f"{s}-train"][1] for s in others])
-        started = time.monotonic()
-        artifact = fit_artifact(X, y, Xo[own][ca], yo[own][ca], version="bench", encoder=MODEL, blend="min")
-        row["methods"][f"+{in_domain_rows} own labels, min 80/20"] = _scored(artifact, Xt, yt,
-                                                                            time.monotonic() - started)
-        started = time.monotonic()
         X_extra = np.vstack([feats[f"{s}-train"][0] for s in others])
         y_extra = np.concatenate([feats[f"{s}-train"][1] for s in others])
-        artifact = fit_with_own_labels(Xo[own], yo[own], X_extra, y_extra, version="bench", encoder=MODEL)
-        row["methods"][f"+{in_domain_rows} own labels, auto 5 folds"] = _scored(artifact, Xt, yt,
-                                                                               time.monotonic() - started)
+        for name, blend, folds in (("min 80/20", "min", 1), ("auto 5 folds", "auto", 5)):
+            started = time.monotonic()
+            artifact = fit_with_own_labels(Xo[own], yo[own], X_extra, y_extra, version="bench", encoder=MODEL,
+                                           blend=blend, folds=folds)
+            row["methods"][f"+{in_domain_rows} own labels, {name}"] = _scored(artifact, Xt, yt,
+                                                                             time.monotonic() - started)
         results[held] = row
         log.info("%s: %s", held, json.dumps(row))
     return results
