@@ -37,6 +37,18 @@ class VectorStore(Protocol):
         """Top-k (entry_id, cosine), best first, by the index's own (possibly approximate) search."""
         ...
 
+    # -- vectors back, for the entries that keep none (cache_core.store.partition) ----------
+
+    @property
+    def compact_entries(self) -> bool:
+        """True: the partition's entries drop their float32 vector once added here, and every
+        reader (snapshots, demotion to disk, re-layouts, expiry ghosts) asks ``vectors``."""
+        ...
+
+    def vectors(self, entry_ids: list[str]) -> np.ndarray:
+        """The vectors of held entries as the store keeps them (decoded), (len, dim) float32."""
+        ...
+
     # -- what the ANN check needs (cache_core.store.ann_check) ---------------------------
 
     def mark(self) -> IndexMark:

@@ -222,9 +222,24 @@ class VectorIndex:
         """Entry ids of internal ids (None for one that is no longer live)."""
         return [self._entry_of.get(int(i)) for i in internal_ids]
 
+    @property
+    def compact_entries(self) -> bool:
+        """Whether the entries of a store of this kind keep no float32 vector of their own:
+        the compressed and hashed kinds, whose reference is fp16 or their codes, give one
+        back (``vectors``: decoded, so within fp16 / int8 precision of what was added) to
+        snapshots, demotions and re-layouts. The float kinds keep theirs on the entry."""
+        return index_kinds.reference_precision(self.spec) != "fp32"
+
     def vector(self, entry_id: str) -> np.ndarray:
         """The entry's vector as the reference holds it (fp16 / codes: decoded)."""
-        return self._reference.vectors(np.array([self._id_of[entry_id]], dtype=np.int64))[0]
+        return self.vectors([entry_id])[0]
+
+    def vectors(self, entry_ids: list[str]) -> np.ndarray:
+        """``vector`` of many entries, (len, dim) float32 in their order (KeyError: not held)."""
+        internal = np.array([self._id_of[e] for e in entry_ids], dtype=np.int64)
+        if len(internal) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.asarray(self._reference.vectors(internal), dtype=np.float32)
 
     def entry_ids(self) -> list[str]:
         return list(self._id_of)
@@ -236,12 +251,10 @@ class VectorIndex:
     # -- internals --------------------------------------------------------------------
 
     def _store(self, mat: np.ndarray, ids: np.ndarray) -> None:
-        if self._reference.owns_rows:
-            self._reference.add(mat, ids)
+        self._reference.add(mat, ids)  # codes: the structure's codes are the reference, added there
         if self._ann is not None:
-            self._ann.add_with_ids(mat, ids)
-            if not self._reference.owns_rows:
-                self._reference.changed()
+            if self._reference.owns_rows:
+                self._ann.add_with_ids(mat, ids)
         elif self._traits.train_size and len(self) >= self._traits.train_size:
             self._rebuild()
 

@@ -248,6 +248,13 @@ class MilvusIndex:
     def vector(self, entry_id: str) -> np.ndarray:
         return self._twin.vector(entry_id)
 
+    @property
+    def compact_entries(self) -> bool:
+        return False  # a float kind: entries keep their float32 vector
+
+    def vectors(self, entry_ids: list[str]) -> np.ndarray:
+        return self._twin.vectors(entry_ids)
+
     def ann_bytes_per_entry(self) -> float:
         return 0.0  # the vectors' resident cost is Milvus's, not this process's
 

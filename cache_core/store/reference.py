@@ -15,6 +15,12 @@ reads: its reference copy of the vectors, at the precision its kind needs.
   check then measures what probing loses, not what int8 quantisation loses against float32
   (``bench/index_kinds.py`` measures that offline).
 
+Every reference gives vectors back (``vectors``: decoded for fp16 and codes), which is how a
+store of a compressed kind is the only holder of its entries' vectors
+(``VectorIndex.compact_entries``): fp16 and fp32 through the id map's reverse table, a flat
+quantiser's codes by a binary search of its (sorted) ids, and IVF codes in the list each id
+was added to, which ``CodesReference`` remembers (2 B per id).
+
 Which kind keeps which: ``cache_core.store.kinds.reference_precision``. Until a kind that
 trains is trained, its reference is ``fp32`` and answers every search; at training it is
 converted (and the float copy freed).
@@ -127,6 +133,16 @@ class CodesReference:
         self._ivf = faiss.downcast_index(ivf) if ivf is not None else None
         self._offsets: np.ndarray | None = None  # IVF: where each list starts in row order
         self._centroids: np.ndarray | None = None
+        # IVF: the inverted list of each internal id (ids only grow; a removed id's slot goes
+        # stale), so one entry's codes are found in its list, not by scanning all of them:
+        # 2 B per id ever added (4 B past 65,535 lists).
+        self._list_of = np.zeros(0, dtype=np.uint16 if self._ivf is None or self._ivf.nlist <= 65535
+                                 else np.int32)
+        if self._ivf is not None:
+            for lst in range(self._ivf.nlist):
+                size = self._ivf.invlists.list_size(lst)
+                if size:
+                    self._note_lists(faiss.rev_swig_ptr(self._ivf.invlists.get_ids(lst), size), lst)
 
     @property
     def ntotal(self) -> int:
@@ -135,6 +151,17 @@ class CodesReference:
     def changed(self) -> None:
         """The structure gained or lost rows: list offsets are stale."""
         self._offsets = None
+
+    def add(self, mat: np.ndarray, ids: np.ndarray) -> None:
+        """Add rows to the structure (the IVF lists they go to remembered)."""
+        if self._ivf is None:
+            self.structure.add_with_ids(mat, ids)
+        else:  # assign once, and add to the lists that assignment names
+            assign = self._ivf.quantizer.assign(mat, 1).reshape(-1).astype(np.int64)
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            self._ivf.add_core(len(mat), faiss.swig_ptr(mat), faiss.swig_ptr(ids), faiss.swig_ptr(assign))
+            self._note_lists(ids, assign)
+        self.changed()
 
     def search(self, mat: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self._ivf is None:  # a flat scalar quantiser scans everything already
@@ -155,10 +182,32 @@ class CodesReference:
         return self._ivf_block(mat, start, stop, k, before)
 
     def vectors(self, internal_ids: np.ndarray) -> np.ndarray:
-        """The decoded codes of ``internal_ids`` (a scan: for tests and tools, not lookups)."""
-        rows, ids = self.all()
-        where = {int(i): n for n, i in enumerate(ids)}
-        return rows[[where[int(i)] for i in internal_ids]]
+        """The decoded codes of live ``internal_ids``, in their order: for a flat quantiser
+        by a binary search of its id map (ids are added in increasing order and removal
+        keeps the order), for IVF in each id's own list. KeyError for an id not held."""
+        internal_ids = np.asarray(internal_ids, dtype=np.int64).reshape(-1)
+        out = np.empty((len(internal_ids), self.dim), dtype=np.float32)
+        if len(internal_ids) == 0:
+            return out
+        if self._ivf is None:
+            inner = faiss.downcast_index(self.structure.index)
+            total = inner.ntotal
+            row_ids = faiss.rev_swig_ptr(self.structure.id_map.data(), total)
+            rows = np.searchsorted(row_ids, internal_ids)
+            rows = np.minimum(rows, max(total - 1, 0))
+            if total == 0 or not np.array_equal(row_ids[rows], internal_ids):
+                raise KeyError(f"internal ids not held: {internal_ids[row_ids[rows] != internal_ids][:5]}")
+            codes = faiss.rev_swig_ptr(inner.codes.data(), total * inner.code_size).reshape(total, -1)
+            return inner.sa_decode(np.ascontiguousarray(codes[rows]))
+        known = internal_ids < len(self._list_of)
+        if not known.all():
+            raise KeyError(f"internal ids not held: {internal_ids[~known][:5]}")
+        lists = self._list_of[internal_ids].astype(np.int64)
+        for lst in np.unique(lists):
+            wanted = np.flatnonzero(lists == lst)
+            found = self._ivf_rows(int(lst), internal_ids[wanted])
+            out[wanted] = found
+        return out
 
     def all(self) -> tuple[np.ndarray, np.ndarray]:
         if self._ivf is None:
@@ -175,6 +224,34 @@ class CodesReference:
         return 0  # counted in the structure
 
     # -- internals --------------------------------------------------------------------
+
+    def _note_lists(self, ids: np.ndarray, lists) -> None:
+        top = int(ids.max()) + 1 if len(ids) else 0
+        if top > len(self._list_of):  # grown geometrically: adds come one at a time
+            grown = np.zeros(max(top, 2 * len(self._list_of)), dtype=self._list_of.dtype)
+            grown[:len(self._list_of)] = self._list_of
+            self._list_of = grown
+        self._list_of[ids] = lists
+
+    def _ivf_rows(self, lst: int, internal_ids: np.ndarray) -> np.ndarray:
+        """The decoded rows of ``internal_ids``, all in list ``lst``."""
+        ivf, invlists = self._ivf, self._ivf.invlists
+        size = invlists.list_size(lst)
+        ids = faiss.rev_swig_ptr(invlists.get_ids(lst), size) if size else np.zeros(0, dtype=np.int64)
+        if size == 0:
+            raise KeyError(f"internal ids not in list {lst}: {internal_ids[:5]}")
+        if len(internal_ids) <= 4:  # one pass each (a demotion, an expiry)
+            at = np.array([int(np.argmax(ids == i)) for i in internal_ids], dtype=np.int64)
+        else:  # lists are in add order, not id order once rebuilt: sort once
+            order = np.argsort(ids, kind="stable")
+            at = order[np.minimum(np.searchsorted(ids, internal_ids, sorter=order), size - 1)]
+        if not np.array_equal(ids[at], internal_ids):
+            raise KeyError(f"internal ids not in list {lst}: {internal_ids[:5]}")
+        codes = faiss.rev_swig_ptr(invlists.get_codes(lst), size * ivf.code_size).reshape(size, -1)
+        rows = ivf.sq.decode(np.ascontiguousarray(codes[at]))
+        if ivf.by_residual:
+            rows += ivf.quantizer.reconstruct(lst)
+        return rows
 
     def _flat_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         inner = faiss.downcast_index(self.structure.index)
