@@ -267,7 +267,7 @@ class SemanticCache:
             with self.tracing.span("scache.embed"):
                 vecs, norms = self._encode_many([item.query for item in items])
             results: list[list[StoreResult]] = []
-            stored: list[tuple[Partition, CacheEntry]] = []
+            stored: list[tuple[Partition, CacheEntry, np.ndarray]] = []
             for item, experiment, vec, norm in zip(items, experiments, vecs, norms):
                 req = self._request(experiment, item.unit_id, vec, norm, started, update_clusters=False)
                 results.append([self._store_one(r, item, stored) for r in self._every_arm(req, every_arm)])
@@ -275,8 +275,8 @@ class SemanticCache:
         if stored:
             self.sync_journal()  # acknowledged = durable: fsync before the caller hears "stored"
             if self.entry_feed is not None:
-                for partition, entry in stored:
-                    self.entry_feed.stored(partition.key, entry)
+                for partition, entry, vec in stored:
+                    self.entry_feed.stored(partition.key, entry, vec)
         return results
 
     def _checked(self, n: int, item: StoreItem, count: int) -> ExperimentConfig:
@@ -312,8 +312,8 @@ class SemanticCache:
             entry = admission.new_entry(item, arm, req.vec, req.cluster, now, self.default_ttl_s)
             self.lifetimes.on_store(partition, arm, entry, item.ttl_s is not None, now)
             result = admission.admit(partition, entry, result, now)
-        if result.stored:
-            stored.append((partition, entry))
+        if result.stored:  # with the vector: a compressed store's entry keeps none
+            stored.append((partition, entry, req.vec))
         return result
 
     # -- removal ------------------------------------------------------------------------

@@ -35,7 +35,11 @@ class CacheEntry:
 
     entry_id: str
     query: str
-    embedding: np.ndarray
+    embedding: np.ndarray | None
+    """The L2-normalised float32 query vector, or None while a store of a compressed or hashed
+    kind holds the entry: that store keeps the only copy (fp16 or its codes) and gives it back,
+    decoded, to whatever needs it (``Partition.vector_of``; a removed or demoted entry gets it
+    back). Float kinds (flat, ivf, hnsw, milvus) keep it here."""
     answer: str
     created_at: float
     ttl_s: float
@@ -171,8 +175,9 @@ def text_key(query: str) -> str:
 
 def entry_bytes(query: str, answer: str, embedding: np.ndarray) -> int:
     """What an entry is charged against its store's capacity_bytes."""
-    # Embedding counted twice: the entry keeps one, the index up to another (its float32 reference for the
-    # float kinds; the compressed kinds keep fp16 or only their codes, cache_core.store.reference).
+    # Embedding counted twice: a float kind's entry keeps one and its index another. The compressed kinds
+    # hold far less (no copy on the entry, fp16 or only their codes in the index, cache_core.store.reference)
+    # but are charged the same, so that a capacity_bytes holds as many entries on every arm of an experiment.
     return len(query.encode()) + len(answer.encode()) + 2 * embedding.nbytes + ENTRY_OVERHEAD_BYTES
 
 

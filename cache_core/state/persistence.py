@@ -310,10 +310,10 @@ class Persistence:
         keys, metas, vecs = [], [], []
         for partition in cache.partitions():
             with partition.lock:
-                for entry in partition.entries.values():  # LRU order: least recent first
-                    keys.append(list(partition.key))
-                    metas.append(persisted_meta(entry))
-                    vecs.append(entry.embedding)
+                entries = list(partition.entries.values())  # LRU order: least recent first
+                keys.extend(list(partition.key) for _ in entries)
+                metas.extend(persisted_meta(entry) for entry in entries)
+                vecs.extend(partition.vectors_of(entries))  # a compact entry's from its store
         return keys, metas, vecs
 
     def _write_snapshot(self, target: Path, keys, metas, vecs, cache) -> None:

@@ -79,6 +79,7 @@ import typing
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from kafka import TopicPartition
 from pydantic import ValidationError
 
@@ -115,12 +116,17 @@ class EntryFeed:
         self.model = model
         self.clock = clock
 
-    def stored(self, key: tuple[str, str, str], entry) -> None:
+    def stored(self, key: tuple[str, str, str], entry, vector: np.ndarray | None = None) -> None:
+        """Publish a put. ``vector``: the entry's as stored (required once a compressed store
+        took it off the entry, ``CacheEntry.embedding``)."""
+        vector = entry.embedding if vector is None else vector
+        if vector is None:
+            raise ValueError(f"entry {entry.entry_id} keeps no vector: pass the one it was stored with")
         namespace, experiment_id, arm_key = key
         self.publisher.publish_entry(EntryMessage(
             change="put", origin=self.instance_id, ts_ms=int(entry.created_at * 1000), namespace=namespace,
             experiment_id=experiment_id, arm_key=arm_key, model=self.model, entry=entry_meta(entry),
-            embedding=encode_vec(entry.embedding)))
+            embedding=encode_vec(vector)))
 
     def dropped(self, key: tuple[str, str, str], entry_id: str) -> None:
         namespace, experiment_id, arm_key = key

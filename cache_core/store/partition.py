@@ -2,6 +2,11 @@
 conversation scope (cache_core.store.faiss), the reference's stepped scans for ANN
 checks, and its capacity (entries and bytes) with LRU eviction.
 
+Vectors: an entry of a float kind keeps its float32 embedding; one of a compressed or hashed
+kind (``VectorStore.compact_entries``) drops it once indexed, and ``vector_of`` / ``vectors_of``
+read it back from the index (snapshots, re-layouts; ``remove(with_vector=True)`` for a
+demotion to disk or an expiry's ghost).
+
 Which partition a request reads and writes (per arm, or shared by an experiment's arms)
 is cache_core.store.stores'; admission tiers are cache_core.admission's.
 """
@@ -81,6 +86,11 @@ def _compare_since(index: VectorStore | None, raw: list[tuple[str, float]],
     return ann_agreement(kept_raw, kept_exact[:slots])
 
 
+def _compact(index: VectorStore) -> bool:
+    """Whether entries indexed by ``index`` leave their vector to it (VectorStore.compact_entries)."""
+    return index.compact_entries
+
+
 def default_disk_dir():
     """Where a disk tier lives when no directory was configured (a cache built without
     ``Backends``, as tests build one): a directory of this process, gone with it."""
@@ -143,15 +153,18 @@ class Partition:
         if spec == self.spec:
             return
         moved_off_shared = self.spec.kind == "milvus" and spec.kind != "milvus"
+        old = list(self.entries.values())
+        vecs = self.vectors_of(old)  # before the old indexes go: a compact entry's vector is theirs
         self.spec = spec
         self.mutations += 1
-        old = list(self.entries.values())
         if moved_off_shared:  # milvus to milvus re-upserts the same rows instead
             for index in self.indexes.values():
                 discard(index)
         self.indexes = {}
-        for entry in old:
-            self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+        for entry, vec in zip(old, vecs):
+            index = self._index_for(entry.scope)
+            index.add(entry.entry_id, vec)
+            entry.embedding = None if _compact(index) else vec
 
     def _configure_disk(self, disk_entries: int) -> None:
         if disk_entries <= 0:
@@ -177,6 +190,26 @@ class Partition:
     def holds(self, entry_id: str) -> bool:
         """In memory or on disk."""
         return entry_id in self.entries or (self.disk is not None and entry_id in self.disk)
+
+    def vector_of(self, entry: CacheEntry) -> np.ndarray:
+        """``entry``'s vector: its own (float kinds, or an entry not held in memory), else the
+        one its store keeps (compressed kinds: decoded from fp16 or the codes)."""
+        if entry.embedding is not None:
+            return entry.embedding
+        return self.indexes[entry.scope or ""].vector(entry.entry_id)
+
+    def vectors_of(self, entries: list[CacheEntry]) -> list[np.ndarray]:
+        """``vector_of`` for many memory entries, read from each scope's index in one call."""
+        out: list[np.ndarray | None] = [e.embedding for e in entries]
+        missing: dict[str, list[int]] = {}
+        for n, entry in enumerate(entries):
+            if entry.embedding is None:
+                missing.setdefault(entry.scope or "", []).append(n)
+        for scope, positions in missing.items():
+            rows = self.indexes[scope].vectors([entries[n].entry_id for n in positions])
+            for n, row in zip(positions, rows):
+                out[n] = row
+        return out  # type: ignore[return-value]
 
     def _index_for(self, scope: str | None) -> VectorStore:
         key = scope or ""
@@ -349,11 +382,19 @@ class Partition:
         self.entries[entry.entry_id] = entry
         self.by_text[(entry.scope or "", text_key(entry.query))] = entry.entry_id
         self.bytes += entry.approx_bytes
-        self._index_for(entry.scope).add(entry.entry_id, entry.embedding)
+        index = self._index_for(entry.scope)
+        index.add(entry.entry_id, entry.embedding)
         if self.journal is not None:
             self.journal.record_put(self.key, entry)
+        if _compact(index):  # the store keeps the vector (fp16 or codes): the entry drops its float32 one
+            entry.embedding = None
 
-    def remove(self, entry_id: str) -> CacheEntry | None:
+    def remove(self, entry_id: str, with_vector: bool = False) -> CacheEntry | None:
+        """Take the entry out (memory or disk); None if it is in neither. ``with_vector``: a
+        compact entry gets its vector back from the store first (a demotion, an expiry's ghost)."""
+        entry = self.entries.get(entry_id)
+        if entry is not None and with_vector and entry.embedding is None:
+            entry.embedding = self.vector_of(entry)
         entry = self.entries.pop(entry_id, None)
         if entry is None:
             if self.disk is not None and entry_id in self.disk:  # invalidated or purged while cold
@@ -404,7 +445,7 @@ class Partition:
         disk tier a live victim is demoted to it (its removal from memory is logged, so the
         write-ahead log and the tier's file never both restore it)."""
         while self.entries and not self.has_room(extra_bytes):
-            victim = self.remove(self._lru_victim(now))
+            victim = self.remove(self._lru_victim(now), with_vector=self.disk is not None)
             if self.disk is not None and victim is not None and victim.alive(now):
                 self.disk.put(victim)
             else:

@@ -156,7 +156,7 @@ class Stores:
                 continue
             with partition.lock:
                 for entry_id in [e.entry_id for e in partition.entries.values() if matches(e)]:
-                    entry = partition.remove(entry_id)
+                    entry = partition.remove(entry_id, with_vector=on_removed is not None)
                     removed += 1
                     if on_removed is not None and entry is not None:
                         on_removed(partition.key, entry)
