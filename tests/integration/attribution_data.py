@@ -74,6 +74,24 @@ def heartbeats(ts_ms: int, partitions: int) -> list[tuple[int, CacheEvent]]:
             for p in range(partitions)]
 
 
+class Heartbeating:
+    """A cache replica's heartbeats while a test waits: one per partition per call, each a
+    second later than the last, from ``after_ms`` on.
+
+    In service every cache heartbeats every 2 s. A test that sends one closing heartbeat and
+    then goes quiet is a stricter world than production: after a task failover (a loaded CI
+    machine makes them) the restored job needs traffic on the events topic to move its
+    watermark and re-arm the sink's flush timers (see jobs/clickhouse_sink.py)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, after_ms: int):
+        self._bootstrap, self._topic, self._partitions = bootstrap, topic, partitions
+        self._next_ms = after_ms
+
+    def __call__(self) -> None:
+        self._next_ms += 1000
+        produce(self._bootstrap, self._topic, [], heartbeats(self._next_ms, self._partitions))
+
+
 def produce(bootstrap: str, topic: str, events: Iterable[CacheEvent],
             pinned: Iterable[tuple[int, CacheEvent]] = ()) -> None:
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)

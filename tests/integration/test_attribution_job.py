@@ -9,10 +9,10 @@ neither may a warehouse that goes away under a running job and comes back.
 """
 from __future__ import annotations
 
-import itertools
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ from infra.runtime import free_port, wait_until
 from jobs.attribution_job import latest_checkpoint
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import (
-    expected_feedback, expected_late, expected_windows, heartbeats, jittered, make_events, produce,
-    produce_feedback, warehouse_feedback, warehouse_late, warehouse_raw_scores, warehouse_windows,
+    Heartbeating, expected_feedback, expected_late, expected_windows, heartbeats, jittered, make_events,
+    produce, produce_feedback, warehouse_feedback, warehouse_late, warehouse_raw_scores, warehouse_windows,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,12 +42,18 @@ def _count(client, table: str, column: str, values: list[str]) -> int:
                         parameters={"v": values}).result_rows[0][0]
 
 
-def _wait_equal(what: str, got, expected, job) -> None:
+def _wait_equal(what: str, got, expected, job, beat: Callable[[], None] | None = None) -> None:
+    """Until ``got() == expected``, calling ``beat()`` (a cache's heartbeats) before each look."""
+    def arrived() -> bool:
+        if beat is not None:
+            beat()
+        return got() == expected
     try:
-        wait_until(lambda: got() == expected, RESULT_TIMEOUT_S, what, interval_s=1.0,
-                   proc=job.proc, log_path=job.log_path)
+        wait_until(arrived, RESULT_TIMEOUT_S, what, interval_s=1.0, proc=job.proc, log_path=job.log_path)
     except TimeoutError:
-        assert got() == expected, what  # shows the difference
+        log = job.log_path.read_text(errors="replace")
+        # Shows the difference, and what the job went through (failovers, sink errors).
+        assert got() == expected, f"{what}; flink restarts: {_flink_restarts(job)}; job log tail:\n{log[-2500:]}"
         raise
 
 
@@ -95,7 +101,9 @@ def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, c
     expected = expected_windows(events, WINDOW_S)
     assert len({k[1:3] for k in expected}) == 3 and len({k[3] for k in expected}) == 2
 
-    _wait_equal("window_agg rows", lambda: warehouse_windows(ch_client, experiment_ids), expected, job)
+    beat = Heartbeating(kafka_settings.bootstrap_servers, kafka_settings.events_topic,
+                        kafka_settings.events_partitions, closing[0][1].ts_ms)
+    _wait_equal("window_agg rows", lambda: warehouse_windows(ch_client, experiment_ids), expected, job, beat)
     windows_s = time.monotonic() - produced
 
     # Phase 2, after every window has fired: late decisions (and a late duplicate), feedback.
@@ -108,8 +116,9 @@ def test_every_aggregate_matches_python_reference(kafka_settings, ch_settings, c
     assert by_source("user") == 40 and by_source("shadow") == 12  # changed verdicts count once
 
     _wait_equal("late_events rows", lambda: warehouse_late(ch_client, experiment_ids),
-                expected_late(late, WINDOW_S), job)
-    _wait_equal("feedback_agg rows", lambda: warehouse_feedback(ch_client, experiment_ids), expected_fb, job)
+                expected_late(late, WINDOW_S), job, beat)
+    _wait_equal("feedback_agg rows", lambda: warehouse_feedback(ch_client, experiment_ids), expected_fb, job,
+                beat)
     ids = [e.request_id for e in events + late]
     _wait_equal("events_raw FINAL rows", lambda: _count(ch_client, "events_raw", "request_id", ids), len(ids), job)
     # Raw rows carry the multi arm's mixed score columns as produced (cosine arms: nulls).
@@ -150,8 +159,10 @@ def test_kill_mid_stream_and_restart_from_checkpoint_does_not_double_count(
     second = flink_job_factory(env)
     assert "resuming from checkpoint" in second.log_path.read_text(errors="replace")
     experiment_ids = sorted({e.experiment_id for e in events})
+    beat = Heartbeating(kafka_settings.bootstrap_servers, kafka_settings.events_topic,
+                        kafka_settings.events_partitions, closing[0][1].ts_ms)
     _wait_equal("window_agg rows after restart", lambda: warehouse_windows(ch_client, experiment_ids),
-                expected_windows(events, WINDOW_S), second)
+                expected_windows(events, WINDOW_S), second, beat)
     _wait_equal("events_raw rows after restart",
                 lambda: _count(ch_client, "events_raw", "request_id", ids), len(ids), second)
 
@@ -195,18 +206,13 @@ def test_warehouse_outage_mid_stream_loses_and_doubles_nothing(
         warehouse = start_warehouse(data_dir, port=port)
         client = connect(ch)
         experiment_ids = sorted({e.experiment_id for e in events})
-        beats = itertools.count(1)
+        # A restore from a checkpoint taken after the last event restarts the watermark with
+        # nothing left to read: the caches' heartbeats move it on.
+        beat = Heartbeating(kafka_settings.bootstrap_servers, kafka_settings.events_topic,
+                            kafka_settings.events_partitions, closing[0][1].ts_ms)
+        _wait_equal("window_agg rows after the outage", lambda: warehouse_windows(client, experiment_ids),
+                    expected_windows(events, WINDOW_S), job, beat)
 
-        def windows_while_heartbeating() -> dict:
-            # A restore from a checkpoint taken after the last event restarts the watermark with
-            # nothing left to read: the caches' heartbeats (every 2 s in service) move it on.
-            later = closing[0][1].ts_ms + next(beats) * 1000
-            produce(kafka_settings.bootstrap_servers, kafka_settings.events_topic, [],
-                    heartbeats(later, kafka_settings.events_partitions))
-            return warehouse_windows(client, experiment_ids)
-
-        _wait_equal("window_agg rows after the outage", windows_while_heartbeating,
-                    expected_windows(events, WINDOW_S), job)
         # Raw rows flush on their own processing-time batches: they may land after the windows.
         _wait_equal("events_raw rows after the outage",
                     lambda: _count(client, "events_raw", "request_id", ids), len(ids), job)

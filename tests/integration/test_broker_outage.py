@@ -25,7 +25,7 @@ from infra.kafka.topics import ensure_topics
 from infra.runtime import wait_until
 from tests.fixtures.flink import FAST_JOB_ENV, job_env
 from tests.integration.attribution_data import (
-    expected_windows, heartbeats, make_events, produce, warehouse_windows,
+    Heartbeating, expected_windows, heartbeats, make_events, produce, warehouse_windows,
 )
 from tests.integration.kafka_helpers import consume, wait_for
 from tests.unit.cache_core.helpers import TableEmbedder, unit_vec
@@ -250,7 +250,10 @@ def test_attribution_job_resumes_after_the_broker_restarts(broker, settings, ch_
     closing = heartbeats(events[0].ts_ms + (2 * FLINK_WINDOW_S + 10) * 1000, settings.events_partitions)
     produce(settings.bootstrap_servers, settings.events_topic, events[half:], closing)
     experiment_ids = sorted({e.experiment_id for e in events})
-    wait_until(lambda: warehouse_windows(ch_client, experiment_ids) == expected_windows(events, FLINK_WINDOW_S),
+    beat = Heartbeating(settings.bootstrap_servers, settings.events_topic, settings.events_partitions,
+                        closing[0][1].ts_ms)
+    expected = expected_windows(events, FLINK_WINDOW_S)
+    wait_until(lambda: (beat(), warehouse_windows(ch_client, experiment_ids))[1] == expected,
                180, "window_agg after the broker restart", interval_s=1.0, proc=job.proc, log_path=job.log_path)
     # The raw sink flushes on its own processing-time batches: it may land after the windows.
     wait_until(lambda: raw_count(ids) == len(ids), 60, "every event in events_raw",
