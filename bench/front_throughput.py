@@ -59,7 +59,9 @@ class StallRecorder:
 
     def __init__(self, path: Path | None):
         self.path = path
-        self._lock = threading.Lock()
+        # reentrant: a collection can start in a thread that holds it (the probe, while it allocates), and
+        # the gc callback then takes it again in that thread (a plain Lock hung a service process that way)
+        self._lock = threading.RLock()
         self._reset()
         self._gc_started = 0.0
         if path is not None:
@@ -185,7 +187,10 @@ def serve(port: int, entries: int, backend: str, profile: Path | None, stalls_to
         await server.serve()
 
     try:
-        asyncio.run(run())  # uvicorn.run's default loop and parser, plus the stall recorder on the loop
+        # uvicorn.run's loop (uvloop when installed) and parser (httptools when installed), plus the stall
+        # recorder on the loop
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+            runner.run(run())
     finally:
         if profiler is not None:
             profiler.stop()
@@ -224,7 +229,9 @@ class Build:
         self.name, self.port = name, free_port()
         self.stalls: Path | None = None
         self.path, self.field = ("/get", "prompt") if command else ("/v1/lookup", "query")
-        env = {**os.environ, "PYTHONPATH": str(source), "SCACHE_SERVICE__OPEN_ACCESS": "true"}
+        extra = os.environ.get(f"FRONT_{name.upper()}_PYTHONPATH")  # e.g. a scratch dir of candidate packages
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), extra])),
+               "SCACHE_SERVICE__OPEN_ACCESS": "true"}
         if command is None:
             command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.port),
                        "--entries", str(args.entries), "--backend", args.backend]
@@ -398,9 +405,10 @@ async def run(args) -> dict:
                     result.setdefault("bare_encode_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, queries[:40]), 2)
                     for name in order:
                         cpu, loop_cpu = builds[name].cpu_s()
-                        since = time.monotonic()
+                        since, driver_cpu = time.monotonic(), time.process_time()
                         level = await drive(builds[name], queries, f"{r}{name}", c, args.seconds)
                         cpu_after, loop_after = builds[name].cpu_s()
+                        driver_cpu = time.process_time() - driver_cpu
                         if builds[name].stalls is not None:
                             until = time.monotonic()
                             await asyncio.sleep(0.6)  # the recorder's last window of the level is written
@@ -408,6 +416,7 @@ async def run(args) -> dict:
                         per = 1000 / max(level["requests"], 1)
                         level["cpu_ms_per_lookup"] = round((cpu_after - cpu) * per, 2)
                         level["loop_cpu_ms_per_lookup"] = round((loop_after - loop_cpu) * per, 2)
+                        level["driver_cpu_ms_per_lookup"] = round(driver_cpu * per, 2)  # this process, all threads
                         result[name][f"c{c}"] = level
                         print(json.dumps({"round": r, "build": name, "concurrency": c, **result[name][f"c{c}"]}),
                               flush=True)
@@ -424,7 +433,7 @@ async def run(args) -> dict:
     if args.before:
         out["after_over_before_median"] = {
             f"c{c}": {m: ratios(rounds, f"c{c}", m) for m in ("lookups_per_s", "p50_ms", "p99_ms", "cpu_ms_per_lookup",
-                                                     "loop_cpu_ms_per_lookup")}
+                                                     "loop_cpu_ms_per_lookup", "driver_cpu_ms_per_lookup")}
             for c in args.concurrency}
     return out
 
