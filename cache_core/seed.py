@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
@@ -41,7 +42,7 @@ class SeedAborted(SeedError):
 
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
-    """(line number, raw record) of a JSON Lines or CSV file."""
+    """(line number, raw record) of a JSON Lines, CSV or TSV (``.tsv``) file."""
     if not path.exists():
         raise SeedError(f"{path}: no such file")
     try:
@@ -50,8 +51,10 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
         raise SeedError(f"{path}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise SeedError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
+    if path.suffix.lower() in (".csv", ".tsv"):
+        # A stream, not split lines: a quoted field may hold a newline (user questions do).
+        reader = csv.DictReader(io.StringIO(text, newline=""),
+                                delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
         return [(reader.line_num, dict(row)) for row in reader]
     records = []
     for number, line in enumerate(text.splitlines(), 1):

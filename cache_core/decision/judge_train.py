@@ -7,9 +7,10 @@
 
     python -m cache_core.decision.judge_train --warehouse --days 14 --shared-data ../shared/data
 
-A pairs file is CSV with a header or JSON Lines, one pair a row: ``query`` (the new
+A pairs file is CSV / TSV with a header or JSON Lines, one pair a row: ``query`` (the new
 question), ``cached_query`` (the stored one) and ``label`` (1 / true / "correct": its answer
-fits; 0 / false / "wrong": it does not). ``--warehouse`` adds the traffic's own user and
+fits; 0 / false / "wrong": it does not); common exports' own column names are read as they
+are (``judge_pairs_file``). ``--warehouse`` adds the traffic's own user and
 shadow verdicts (``judge_verdicts``; the replicas must emit question texts); they count as
 the user's own pairs. ``--shared-data`` adds the project's public labelled sets (MRPC,
 STS-B, banking77 nearest-neighbour pairs, GPTCache's mock pairs; see ``shared_pairs``).
@@ -42,13 +43,11 @@ import numpy as np
 from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
                                              artifact_name)
+from cache_core.decision.judge_pairs_file import Pair, PairsError, read_pairs_file
 
 log = logging.getLogger("cache_core.decision.judge_train")
 
 TARGETS = (0.02, 0.05, 0.10)
-TRUE_LABELS = {"1", "true", "correct", "yes", "duplicate"}
-FALSE_LABELS = {"0", "false", "wrong", "no", "different"}
-Pair = tuple[str, str, int]  # cached_query, query, label
 DEFAULT_BLEND = "auto"
 """How the trees' score and the cosine combine (``judge_model.CosineBlend``); None: trees alone;
 "auto": ``choose_blend`` picks one on the held-out rows of the user's own domain."""
@@ -68,34 +67,6 @@ estimate's cut served over 5% wrong on fresh pairs in 26 of 40 draws (the lowest
 is picked where the noise dipped), 0.75 in about 15, 0.8 in 12 at a fifth fewer duplicates."""
 MIN_SOURCE_POSITIVES = 30
 """A public set's own operating point counts only with this many held-out duplicates."""
-
-
-class PairsError(ValueError):
-    """A pairs file that cannot be read; the message names the file and row."""
-
-
-def read_pairs(path: Path) -> list[Pair]:
-    """Rows of a CSV (with header) or JSON Lines file as (cached_query, query, label); the file is
-    read as the seeder reads its files (``cache_core.seed.read_records``)."""
-    from cache_core.seed import SeedError, read_records
-
-    try:
-        records = read_records(path)
-    except SeedError as exc:
-        raise PairsError(str(exc)) from None
-    pairs = []
-    for n, row in records:
-        if isinstance(row, SeedError):
-            raise PairsError(f"{path}:{n}: {row}")
-        if not isinstance(row, dict) or not all(row.get(k) not in (None, "") for k in ("query", "cached_query", "label")):
-            raise PairsError(f"{path}: row {n} needs query, cached_query and label")
-        label = str(row["label"]).strip().lower()
-        if label not in TRUE_LABELS | FALSE_LABELS:
-            raise PairsError(f"{path}: row {n}: label {row['label']!r} is neither 1/correct nor 0/wrong")
-        pairs.append((str(row["cached_query"]), str(row["query"]), int(label in TRUE_LABELS)))
-    if len({p[2] for p in pairs}) < 2:
-        raise PairsError(f"{path}: needs both correct and wrong pairs, got {len(pairs)} rows of one label")
-    return pairs
 
 
 def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 256) -> np.ndarray:
@@ -405,7 +376,10 @@ def plot_report(artifact: JudgeArtifact, prob: np.ndarray | None, path: Path) ->
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cache_core.decision.judge_train",
                                 description="Train a judge artifact from labelled (query, cached_query, label) pairs.")
-    p.add_argument("--pairs", type=Path, help="CSV (header) or JSON Lines: query, cached_query, label")
+    p.add_argument("--pairs", type=Path, help="CSV / TSV (header) or JSON Lines: query, cached_query, label "
+                   "(or question1, question2, is_duplicate; see judge_pairs_file)")
+    p.add_argument("--max-pairs", type=int,
+                   help="train on a seeded sample of at most this many of your pairs (features cost ~2 ms a pair)")
     p.add_argument("--warehouse", action="store_true",
                    help="also train on the warehouse's user and shadow verdicts (needs the replicas to run with "
                         "SCACHE_CACHE__EMIT_QUERY_TEXT=true; reads SCACHE_CLICKHOUSE__URL)")
@@ -438,13 +412,15 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"--days must be at least 1, got {args.days}")
     if not 1 <= args.folds <= 20:
         _parser().error(f"--folds must be within 1-20, got {args.folds}")
+    if args.max_pairs is not None and args.max_pairs < 50:
+        _parser().error(f"--max-pairs must be at least 50, got {args.max_pairs}")
     if not 0.05 <= args.holdout <= 0.5:
         _parser().error(f"--holdout must be within 0.05-0.5, got {args.holdout}")
     version = args.version or time.strftime("v%Y%m%d%H%M", time.gmtime())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         artifact_name(version)
-        own = read_pairs(args.pairs) if args.pairs else []
+        own = _own_pairs(args.pairs, args.max_pairs, args.seed) if args.pairs else []
         if args.warehouse:
             own += _warehouse_pairs(get_settings().clickhouse, args.days)
         from cache_core.decision.judge_shared_pairs import shared_pairs
@@ -470,6 +446,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  at <= {float(key):.0%} wrong: judge serves {pts[key]['recall']:.1%} of duplicates "
               f"(accept_at {pts[key]['accept_at']:.3f}), cosine {cos[key]['recall']:.1%}")
     return 0
+
+
+def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
+    """The pairs file's rows, a seeded sample of ``max_pairs`` of them when it has more."""
+    pairs = read_pairs_file(path).pairs
+    if max_pairs is not None and len(pairs) > max_pairs:
+        keep = np.sort(np.random.default_rng(seed).choice(len(pairs), max_pairs, replace=False))
+        log.info("%s: a seeded sample of %d of its %d pairs", path, max_pairs, len(pairs))
+        pairs = [pairs[i] for i in keep]
+        if len({p[2] for p in pairs}) < 2:
+            raise PairsError(f"{path}: a sample of {max_pairs} pairs holds one label only; raise --max-pairs")
+    return pairs
 
 
 class WarehouseUnavailable(RuntimeError):

@@ -11,7 +11,8 @@ import pytest
 from cache_core.decision.judge import JUDGE_UNAVAILABLE, JUDGE_VETO, Unavailable, shelf_judges
 from cache_core.decision.judge_features import FEATURE_NAMES, TokenVectors, pair_features, words
 from cache_core.decision.judge_model import JudgeArtifact, JudgeLoadError, JudgeShelf, artifact_name
-from cache_core.decision.judge_train import PairsError, main as train_main, read_pairs, train
+from cache_core.decision.judge_pairs_file import PairsError, read_pairs, read_pairs_file
+from cache_core.decision.judge_train import main as train_main, train
 from cache_core.decision.rule import HitRule
 from cache_core.experiments import ArmConfig, JudgeConfig
 from tests.unit.cache_core.decision.test_rule import candidate
@@ -166,9 +167,52 @@ def test_pairs_files_csv_and_jsonl(tmp_path):
     assert [p[2] for p in read_pairs(jsonl)] == [1, 0]
 
 
+def test_pairs_files_exported_elsewhere_read_with_their_own_column_names(tmp_path, caplog):
+    # Quora's question pairs as published: quoted fields, a question with a newline in it,
+    # a row whose second question is empty (skipped and counted, not a failed file).
+    qqp = tmp_path / "quora.csv"
+    qqp.write_text('"id","qid1","qid2","question1","question2","is_duplicate"\n'
+                   '"0","1","2","How do I learn Python?","How can I learn Python\nquickly?","1"\n'
+                   '"1","3","4","How do I learn Python?","How do I learn Java?","0"\n'
+                   '"2","5","6","What is this?","","0"\n')
+    read = read_pairs_file(qqp)
+    assert read.pairs == [("How do I learn Python?", "How can I learn Python\nquickly?", 1),
+                          ("How do I learn Python?", "How do I learn Java?", 0)]
+    assert read.skipped_blank == 1 and "skipped 1 rows with an empty question" in caplog.text
+    glue = tmp_path / "pairs.tsv"
+    glue.write_text("sentence1\tsentence2\tlabel\nreset pin\thow to reset my pin\t1.0\nreset pin\tclose card\t0.0\n")
+    assert read_pairs(glue) == [("reset pin", "how to reset my pin", 1), ("reset pin", "close card", 0)]
+
+
+def test_max_pairs_trains_on_a_seeded_sample(tmp_path, monkeypatch):
+    from cache_core.decision import judge_train
+
+    rows = "".join(f"q{i},c{i},{i % 2}\n" for i in range(400))
+    (tmp_path / "p.csv").write_text("query,cached_query,label\n" + rows)
+    seen = []
+
+    class Trained(Exception):
+        pass
+
+    def record(own, *args, **kwargs):
+        seen.append(own)
+        raise Trained
+
+    monkeypatch.setattr(judge_train, "_encoders", lambda settings: (None, None))
+    monkeypatch.setattr(judge_train, "train", record)
+    for _ in range(2):
+        with pytest.raises(Trained):
+            train_main(["--pairs", str(tmp_path / "p.csv"), "--max-pairs", "100", "--out", str(tmp_path)])
+    assert len(seen[0]) == 100 and seen[0] == seen[1] and {p[2] for p in seen[0]} == {0, 1}
+    with pytest.raises(SystemExit) as refused:
+        train_main(["--pairs", str(tmp_path / "p.csv"), "--max-pairs", "3"])
+    assert refused.value.code == 2
+
+
 @pytest.mark.parametrize("content, message", [
     ("query,cached_query,label\na,b,maybe\n", "neither"),
     ("query,cached_query\na,b\n", "needs query, cached_query and label"),
+    ("question1,question2,is_duplicate\na,b,\n", "row 2 has no label"),
     ("query,cached_query,label\na,b,1\nc,d,1\n", "both correct and wrong"),
 ])
 def test_bad_pairs_files_are_one_line_errors(tmp_path, capsys, content, message):
