@@ -125,7 +125,7 @@ class Prepared:
 
 def prepare(stream: Stream) -> Prepared:
     warm, live = unit(stream.warm_vecs), unit(stream.live_vecs)
-    clusters = OnlineClusters(warm.shape[1], radius=0.55)
+    clusters = OnlineClusters(warm.shape[1], radius=0.55, background=False)  # retrain inline: reproducible
     entries = [_entry(f"w{i}", text, label, int(clusters.assign(vec)))
                for i, (text, label, vec) in enumerate(zip(stream.warm_texts, stream.warm_labels, warm))]
     live_clusters = [int(clusters.assign(vec)) for vec in live]
