@@ -139,8 +139,10 @@ def prepare(stream: Stream) -> Prepared:
 
 
 def simulate(prepared: Prepared, arm: ArmConfig, *, hit_share: float, near_share: float, band: float,
-             seed: int, window: int) -> dict:
-    """Replay the live traffic through ``HitRule.decide`` with verdicts fed back; the figures."""
+             seed: int, window: int, weighted: bool = True) -> dict:
+    """Replay the live traffic through ``HitRule.decide`` with verdicts fed back; the figures.
+    Each verdict carries its check probability (``hit_share`` or ``near_share``), or 1.0 when not
+    ``weighted`` (how the verdicts were recorded before they were weighted)."""
     rng = np.random.default_rng(seed)
     rule = HitRule()
     stream, live = prepared.stream, prepared.live
@@ -160,20 +162,20 @@ def simulate(prepared: Prepared, arm: ArmConfig, *, hit_share: float, near_share
             hits.append(True)
             wrongs.append(wrong)
             if rng.random() < hit_share:
-                judged = (decision.served, wrong)
+                judged = (decision.served, wrong, hit_share)
         else:
             hits.append(False)
             wrongs.append(False)
             near = candidates[0] if candidates else None
             if near is not None and decision.threshold - band <= near.similarity and rng.random() < near_share:
-                judged = (near, near.entry.answer != label)
+                judged = (near, near.entry.answer != label, near_share)
             stored_vecs[len(stored)] = vec
             stored.append(_entry(f"l{i}", text, label, cluster))
         if judged is not None:
             verdicts += 1
-            found, wrong = judged
+            found, wrong, check_prob = judged
             rule.verdicts.record(Judged(EXPERIMENT, arm.name, found.entry.entry_id, found.entry.intent_cluster,
-                                        float(found.similarity), wrong))
+                                        float(found.similarity), wrong, check_prob if weighted else 1.0))
         sources.append(decision.threshold_source or "static")
         thresholds.append(min(decision.threshold, 1.0))
     return summarise(np.array(hits), np.array(wrongs), sources, thresholds, window, verdicts)
@@ -218,7 +220,7 @@ def summarise(hits: np.ndarray, wrongs: np.ndarray, sources: list[str], threshol
 def run(stream: Stream, args) -> dict:
     prepared = prepare(stream)
     opts = dict(hit_share=args.hit_share, near_share=args.near_miss_share, band=args.band, seed=args.seed,
-                window=args.window)
+                window=args.window, weighted=not args.unweighted)
     started = time.perf_counter()
     sweep = {t: simulate(prepared, ArmConfig(name="global", threshold=t), **opts) for t in args.grid}
     print(f"\n== {stream.name}: {len(stream.warm_texts)} warm entries, {len(stream.live_texts)} live queries ==")
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the policy's start_threshold (default: its own, 1.0)")
     parser.add_argument("--compare-start", action="store_true",
                         help="also replay each arm with start_threshold = --start (the unbounded start)")
+    parser.add_argument("--unweighted", action="store_true",
+                        help="record every verdict with check probability 1 (no 1/p weights: the fits before)")
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--warm-share", type=float, default=1.0, help="share of train that warms the cache")
     parser.add_argument("--window", type=int, default=500)

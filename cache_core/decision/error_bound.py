@@ -53,12 +53,18 @@ Both:
   learn. The band follows the learnt threshold, so each level keeps sampling just below its own
   boundary and can move down as verdicts show it safe; sampled hits check above it.
 * **Bias.** Verdicts above the threshold come from sampled hits (users, shadow hit checks);
-  below it from near-misses. Wrong-answer odds fall with similarity, so as long as
-  near-misses are checked at least as often as hits (the shadow defaults check every
-  near-miss in the band and a share of hits), over-represented low-similarity verdicts make
-  the estimate err on the safe side (and serve less than it could).
+  below it from near-misses, and the two are checked at different rates (the shadow defaults
+  check every near-miss in the band and a share of hits). Each ``Judged`` carries the probability
+  its lookup was checked, and the curves weigh each verdict by its inverse (``check_prob``): the
+  fits and the averaging population are then those of the lookups, not of the checked sample.
+  Unweighted, the logistic curve (a simplification of the real odds) was fitted where the checks
+  crowd (at the cold start, near-misses in [0.90, 1.0) at rate 1; later, each band just below the
+  threshold) and extrapolated too flat: on bench.error_bound's mixed stream at δ = 0.05 it
+  overshot (up to 6.1% wrong, the excess from hits below 0.85 served 40% wrong); weighted it kept
+  δ on every seed. The weights are scaled to the effective sample size, so unequal weights widen
+  the curve's uncertainty rather than multiply the evidence. The staircase ignores them.
 
-The state (``VerdictBook``) is a few bounded windows of ``(similarity, wrong)`` per arm; it
+The state (``VerdictBook``) is a few bounded windows of ``(similarity, wrong, check_prob)`` per arm; it
 changes only through ``SemanticCache.apply`` of a ``Verdict`` (cache_core.state.changes), so
 the write-ahead log, the snapshot and the entries topic carry it like any other change.
 """
@@ -142,16 +148,17 @@ class _Window:
     curve: tuple | None = None  # curves estimator: (key, Curve)
     bound: tuple | None = None  # curves estimator: (key, policy, threshold)
 
-    def add(self, similarity: float, wrong: bool) -> None:
-        self.verdicts.append((similarity, wrong))
+    def add(self, similarity: float, wrong: bool, check_prob: float = 1.0) -> None:
+        self.verdicts.append((similarity, wrong, check_prob))
         while len(self.verdicts) > self.size:
             self.verdicts.popleft()
         self.cached = None
         self.added += 1
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        data = np.array(self.verdicts, dtype=np.float64).reshape(-1, 2)
-        return data[:, 0], data[:, 1] > 0.5
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Similarities, wrong flags and weights (inverse check probabilities)."""
+        data = np.array(self.verdicts, dtype=np.float64).reshape(-1, 3)
+        return data[:, 0], data[:, 1] > 0.5, 1.0 / data[:, 2]
 
     def threshold(self, policy: ErrorBoundedThresholds) -> float | None:
         if self.cached is not None and self.cached[0] == policy:
@@ -174,8 +181,8 @@ class _ArmVerdicts:
         """Curves estimator: how many times the arm's curve was refitted (keys its children's)."""
         self.fitted_at = -1
         """``arm.added`` when the arm's curve was last fitted."""
-        self.population = np.zeros(0)
-        """The arm's verdict similarities at that fit (the lookups its thresholds average over)."""
+        self.population = (np.zeros(0), np.zeros(0))
+        """The arm's verdict similarities and weights at that fit (the lookups its thresholds average over)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,15 @@ class Judged:
     cluster: int
     similarity: float
     wrong: bool
+    check_prob: float = 1.0
+    """The probability this lookup was checked at all (a shadow check's sampling rate of hits or of
+    near-misses, a solicited user verdict's ``feedback_prob``; 1.0 when unknown). Each verdict
+    weighs 1 / check_prob in the curves and the averages, so hits checked at a quarter of the rate
+    of near-misses count for the four times as many lookups they stand for."""
+
+    def __post_init__(self):
+        if not 0.0 < self.check_prob <= 1.0:
+            raise ValueError(f"check_prob must be in (0, 1], got {self.check_prob}")
 
 
 class VerdictBook:
@@ -212,7 +228,7 @@ class VerdictBook:
                 arm.entries.popitem(last=False)
             cluster = arm.clusters.setdefault(judged.cluster, _Window(CLUSTER_WINDOW))
             for window in (entry, cluster, arm.arm):
-                window.add(float(judged.similarity), bool(judged.wrong))
+                window.add(float(judged.similarity), bool(judged.wrong), float(judged.check_prob))
 
     def threshold(self, experiment_id: str, arm: str, policy: ErrorBoundedThresholds, entry_id: str,
                   cluster: int, static: float) -> tuple[float, ThresholdSource]:
@@ -248,7 +264,7 @@ class VerdictBook:
     def export_state(self) -> dict:
         """Every window as JSON-ready lists (``load_state`` reads them back)."""
         def rows(window: _Window) -> list:
-            return [[round(s, 6), int(w)] for s, w in window.verdicts]
+            return [[round(s, 6), int(w), p] for s, w, p in window.verdicts]
 
         with self._lock:
             return {"arms": [{"experiment_id": exp, "arm": name, "arm_verdicts": rows(v.arm),
@@ -284,10 +300,12 @@ def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, en
     if len(arm.verdicts) < policy.verdicts_needed:
         return static, "static"
     if verdicts.fitted_at < 0 or arm.added - verdicts.fitted_at >= max(1, int(REFIT_SHARE * len(arm.verdicts))):
-        sims, wrong = arm.arrays()
+        sims, wrong, weights = arm.arrays()
         last = None if arm.curve is None else arm.curve[1].mean
-        arm.curve = ((verdicts.generation + 1,), error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov), last))
-        verdicts.generation, verdicts.fitted_at, verdicts.population = verdicts.generation + 1, arm.added, sims
+        arm.curve = ((verdicts.generation + 1,),
+                     error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov), last, weights))
+        verdicts.generation, verdicts.fitted_at = verdicts.generation + 1, arm.added
+        verdicts.population = (sims, weights)
     z = _quantile(policy.confidence)
     arm_key, arm_curve = arm.curve
     levels = [(arm, arm_key, arm_curve, None, "arm")]
@@ -301,10 +319,13 @@ def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, en
     own_population = cluster_window is not None and len(cluster_window.verdicts) >= POPULATION_MIN
     bound_key = (key, (cluster_window.added,) if own_population else arm_key, policy)
     if window.bound is None or window.bound[0] != bound_key:
-        population = cluster_window.arrays()[0] if own_population else verdicts.population
+        if own_population:
+            population, _, weights = cluster_window.arrays()
+        else:
+            population, weights = verdicts.population
         value = error_curves.served_error_threshold(
             lambda s: error_curves.upper(curve, s, z, parent), population, policy.delta, policy.floor,
-            policy.step, NOTHING_SAFE)
+            policy.step, NOTHING_SAFE, weights)
         window.bound = (bound_key, value)
     return window.bound[1], source
 
@@ -314,12 +335,15 @@ def _child(window: _Window, parent_level: tuple, spread: np.ndarray, source: Thr
     _, parent_key, parent_curve, _, _ = parent_level
     key = parent_key + (window.added,)
     if window.curve is None or window.curve[0] != key:
-        sims, wrong = window.arrays()
+        sims, wrong, weights = window.arrays()
         last = None if window.curve is None else window.curve[1].mean
-        window.curve = (key, error_curves.fit(sims, wrong, parent_curve.as_prior(spread), last))
+        window.curve = (key, error_curves.fit(sims, wrong, parent_curve.as_prior(spread), last, weights))
     return window, key, window.curve[1], parent_curve, source
 
 
 def _fill(window: _Window, rows: list) -> None:
-    for similarity, wrong in rows:
-        window.add(float(similarity), bool(wrong))
+    for row in rows:  # [similarity, wrong, check_prob]; states saved before check_prob have two columns
+        similarity, wrong, check_prob = (*row, 1.0) if len(row) == 2 else row
+        if not 0.0 < float(check_prob) <= 1.0:
+            raise ValueError(f"check_prob must be in (0, 1], got {check_prob}")
+        window.add(float(similarity), bool(wrong), float(check_prob))

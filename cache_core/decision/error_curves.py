@@ -77,25 +77,27 @@ ARM_PRIOR = Curve(ARM_PRIOR_MEAN, ARM_PRIOR_COV)
 
 
 def fit(sims: np.ndarray, wrong: np.ndarray, prior: tuple[np.ndarray, np.ndarray],
-        start: np.ndarray | None = None) -> Curve:
+        start: np.ndarray | None = None, weights: np.ndarray | None = None) -> Curve:
     """The posterior mode and covariance of (a, b) given verdicts ``(sims, wrong)`` and a Gaussian
     ``prior`` (mean, covariance); with no verdicts, the prior itself. The slope is held at or below
     ``MAX_SLOPE`` (monotone: where the verdicts say wrong odds rise with similarity, the level gets
     a flat curve at its wrong share). ``start``: where Newton starts (e.g. the last fit's mode: a
-    refit after a few new verdicts then takes a step or two); the prior's mean by default."""
+    refit after a few new verdicts then takes a step or two); the prior's mean by default.
+    ``weights``: each verdict's inverse check probability (``fit_weights``); None: all equal."""
     prior_mean, prior_cov = prior
     if len(sims) == 0:
         return Curve(np.array(prior_mean, dtype=np.float64), np.array(prior_cov, dtype=np.float64))
     x = np.column_stack([np.ones(len(sims)), np.asarray(sims, dtype=np.float64) - CENTRE])
     y = np.asarray(wrong, dtype=np.float64)
+    w = fit_weights(weights, len(sims))
     precision = np.linalg.inv(prior_cov)
     theta = np.array(prior_mean if start is None else start, dtype=np.float64)
     free = np.array([True, True])
     for _ in range(2):  # a second pass only if the slope had to be pinned
         for _ in range(NEWTON_STEPS):
             p = expit(x @ theta)
-            grad = x.T @ (y - p) - precision @ (theta - prior_mean)
-            hess = (x * (p * (1.0 - p))[:, None]).T @ x + precision
+            grad = x.T @ (w * (y - p)) - precision @ (theta - prior_mean)
+            hess = (x * (w * p * (1.0 - p))[:, None]).T @ x + precision
             step = np.zeros(2)
             step[free] = np.linalg.solve(hess[np.ix_(free, free)], grad[free])
             step = np.clip(step, -5.0, 5.0)  # damped: the prior keeps it concave, this keeps it calm
@@ -106,8 +108,20 @@ def fit(sims: np.ndarray, wrong: np.ndarray, prior: tuple[np.ndarray, np.ndarray
             break
         theta[1], free[1] = MAX_SLOPE, False
     p = expit(x @ theta)
-    hess = (x * (p * (1.0 - p))[:, None]).T @ x + precision
+    hess = (x * (w * p * (1.0 - p))[:, None]).T @ x + precision
     return Curve(theta, np.linalg.inv(hess))
+
+
+def fit_weights(weights: np.ndarray | None, n: int) -> np.ndarray:
+    """Verdict weights for the likelihood: proportional to ``weights`` (inverse check
+    probabilities, so the fit is the one all lookups would give, not the checked sample's), scaled
+    to sum to the Kish effective sample size (sum w)^2 / sum w^2, so unequal weights widen the
+    curve's uncertainty instead of counting a verdict checked at rate 1/4 as four observations.
+    None or equal weights: all ones (the unweighted fit)."""
+    if weights is None:
+        return np.ones(n)
+    w = np.asarray(weights, dtype=np.float64)
+    return w * (w.sum() / float(np.square(w).sum()))
 
 
 def upper(curve: Curve, sims: np.ndarray, z: float, parent: Curve | None = None) -> np.ndarray:
@@ -120,17 +134,22 @@ def upper(curve: Curve, sims: np.ndarray, z: float, parent: Curve | None = None)
 
 
 def served_error_threshold(bound, population: np.ndarray, delta: float, floor: float, step: float,
-                           nothing: float) -> float:
+                           nothing: float, weights: np.ndarray | None = None) -> float:
     """The lowest threshold θ on a grid (1.0 down to ``floor`` by ``step``, never below the lowest
     similarity of ``population``) at which the mean of ``bound(s)`` over the population's
     similarities s >= θ, the wrong share of the hits serving from θ would give, is at most
     ``delta``; ``nothing`` if no θ is. ``population``: similarities the level's lookups were found
-    at (its verdicts'); above its highest one the bound at θ itself stands in."""
-    sims = np.sort(np.asarray(population, dtype=np.float64))[::-1]
+    at (its verdicts'); above its highest one the bound at θ itself stands in. ``weights``: each
+    one's inverse check probability, so the mean is over the lookups, not over the checked sample
+    (near-misses are checked more often than hits); None: equal."""
+    population = np.asarray(population, dtype=np.float64)
+    order = np.argsort(-population, kind="stable")
+    sims = population[order]
     if len(sims) == 0:
         return nothing
+    w = np.ones(len(sims)) if weights is None else np.asarray(weights, dtype=np.float64)[order]
     bounds = bound(sims)
-    mean_above = np.cumsum(bounds) / np.arange(1, len(sims) + 1)
+    mean_above = np.cumsum(w * bounds) / np.cumsum(w)
     grid = np.arange(1.0, max(floor, float(sims[-1])) - 1e-9, -step)
     if len(grid) == 0:
         return nothing

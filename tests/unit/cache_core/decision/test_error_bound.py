@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from cache_core.decision import error_curves
 from cache_core.decision.error_bound import (NOTHING_SAFE, Judged, VerdictBook, certified_threshold,
                                              wrong_upper_bound)
 from cache_core.decision.rule import HitRule
@@ -178,11 +179,13 @@ def test_young_entries_borrow_their_clusters_curve_and_their_own_verdicts_move_i
     assert book.threshold("e", "a", CURVES, "elsewhere", 5, 0.9)[1] == "arm"
 
 
-def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream():
-    """Clusters with different boundaries, lookups at uniform similarities, a verdict on a quarter
-    of the hits and on every near-miss in a 0.1 band below the threshold used (the shadow checks):
-    the wrong share of hits stays within δ, most lookups are decided by a cluster's or an entry's
-    own curve, and it serves a useful share (the per-cluster oracle serves ~32%, a global cut ~22%)."""
+@pytest.mark.parametrize(("hit_check", "serves"), [(0.25, 0.12), (0.1, 0.07)])
+def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream(hit_check, serves):
+    """Clusters with different boundaries, lookups at uniform similarities, a verdict on a share
+    ``hit_check`` of the hits and on every near-miss in a 0.1 band below the threshold used (the
+    shadow checks), each recorded with its check probability: the wrong share of hits stays within
+    δ, most lookups are decided by a cluster's or an entry's own curve, and it serves a useful share
+    (the per-cluster oracle serves ~32%, a global cut ~22%)."""
     rng = np.random.default_rng(1)
     boundaries = rng.uniform(0.75, 0.92, 12)
     entry_cluster = rng.integers(0, 12, 600)
@@ -196,12 +199,12 @@ def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream():
         sources.append(source)
         if s >= theta:
             hits, wrongs = hits + 1, wrongs + wrong
-            if rng.random() < 0.25:
-                book.record(judged(f"x{entry}", cluster, s, wrong))
+            if rng.random() < hit_check:
+                book.record(Judged("e", "a", f"x{entry}", cluster, s, wrong, hit_check))
         elif s >= theta - 0.1:
             book.record(judged(f"x{entry}", cluster, s, wrong))
     assert wrongs / hits <= CURVES.delta + 0.01
-    assert hits / 6000 >= 0.12
+    assert hits / 6000 >= serves  # fewer hit verdicts: less certified, less served
     assert (sources.count("entry") + sources.count("cluster")) / len(sources) >= 0.8
 
 
@@ -224,3 +227,58 @@ def test_the_cold_start_serves_only_at_or_above_start_threshold_until_the_arm_le
         rule.verdicts.record(Judged("e", "a", f"y{i}", 0, 0.85 + i * 0.002, False))
     warm = rule.decide("q", [candidate("close", 0.97)], arm, 0, experiment_id="e")
     assert warm.hit and warm.threshold < 0.97 and warm.threshold_source != "static"
+
+
+# -- verdicts weighed by their check probability -------------------------------------------
+
+
+def test_the_served_error_averages_over_the_lookups_a_verdict_stands_for():
+    """Hits checked at 0.1 and near-misses at 1: weighing each by 1 / check_prob gives the
+    threshold the whole population (every hit judged) gives, not the checked sample's."""
+    bound = lambda s: np.where(np.asarray(s) >= 0.9, 0.02, 0.30)  # noqa: E731 - wrong odds by band
+    near = np.linspace(0.80, 0.899, 40)  # every near-miss judged
+    hits = np.linspace(0.90, 1.0, 20)  # a tenth of 200 hits judged
+    args = (0.05, 0.5, 0.005, NOTHING_SAFE)
+    census = error_curves.served_error_threshold(bound, np.concatenate([near, np.repeat(hits, 10)]), *args)
+    weighted = error_curves.served_error_threshold(bound, np.concatenate([near, hits]), *args,
+                                                   weights=np.concatenate([np.ones(40), np.full(20, 10.0)]))
+    unweighted = error_curves.served_error_threshold(bound, np.concatenate([near, hits]), *args)
+    assert weighted == pytest.approx(census) and weighted < 0.9
+    assert unweighted > weighted  # the near-misses' weight in the sample made it too careful here
+
+
+def test_weights_scale_to_the_effective_sample_size_and_move_the_fit():
+    assert np.array_equal(error_curves.fit_weights(None, 3), np.ones(3))
+    assert np.allclose(error_curves.fit_weights(np.full(5, 4.0), 5), np.ones(5))  # equal: the plain fit
+    unequal = error_curves.fit_weights(np.array([1.0, 1.0, 4.0, 4.0]), 4)
+    assert unequal.sum() == pytest.approx(10.0 ** 2 / 34.0)  # Kish: (sum w)^2 / sum w^2 < 4 verdicts
+    rng = np.random.default_rng(5)
+    sims = np.concatenate([rng.uniform(0.80, 0.90, 200), rng.uniform(0.90, 1.0, 20)])
+    wrong = np.concatenate([rng.random(200) < 0.2, np.arange(20) % 5 < 2])  # hits: 40% wrong
+    weights = np.concatenate([np.ones(200), np.full(20, 10.0)])
+    prior = (error_curves.ARM_PRIOR.mean, error_curves.ARM_PRIOR.cov)
+    plain, weighted = error_curves.fit(sims, wrong, prior), error_curves.fit(sims, wrong, prior, weights=weights)
+    # the ten-fold hits pull the curve up above 0.9; the near-misses, now fewer effective verdicts,
+    # pin it less where they lie
+    assert weighted.wrong(np.array([0.95]))[0] > plain.wrong(np.array([0.95]))[0]
+    assert weighted.variance(np.array([0.85]))[0] > plain.variance(np.array([0.85]))[0]
+
+
+def test_check_probability_is_validated_and_round_trips():
+    with pytest.raises(ValueError, match="check_prob"):
+        Judged("e", "a", "x", 0, 0.9, False, 0.0)
+    with pytest.raises(ValueError, match="check_prob"):
+        Judged("e", "a", "x", 0, 0.9, False, 1.5)
+    book = VerdictBook()
+    for i in range(80):
+        book.record(Judged("e", "a", f"y{i % 5}", 0, 0.85 + i * 0.001, i % 9 == 0, 0.25 if i % 2 else 1.0))
+    state = book.export_state()
+    copy = VerdictBook()
+    copy.load_state(state)
+    assert copy.export_state() == state
+    assert copy.threshold("e", "a", CURVES, "y1", 0, 1.0) == book.threshold("e", "a", CURVES, "y1", 0, 1.0)
+    old = {"arms": [{**state["arms"][0], "arm_verdicts": [row[:2] for row in state["arms"][0]["arm_verdicts"]]}]}
+    copy.load_state(old)  # saved before check_prob: two columns, each verdict weighs 1
+    assert {row[2] for row in copy.export_state()["arms"][0]["arm_verdicts"]} == {1.0}
+    with pytest.raises(ValueError):
+        copy.load_state({"arms": [{**state["arms"][0], "arm_verdicts": [[0.9, 0, 0.0]]}]})
