@@ -379,7 +379,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=Path, help="CSV / TSV (header) or JSON Lines: query, cached_query, label "
                    "(or question1, question2, is_duplicate; see judge_pairs_file)")
     p.add_argument("--max-pairs", type=int,
-                   help="train on a seeded sample of at most this many of your pairs (features are the slow part of training)")
+                   help="train on a seeded sample of at most this many of your pairs "
+                        "(features are the slow part of training)")
     p.add_argument("--warehouse", action="store_true",
                    help="also train on the warehouse's user and shadow verdicts (needs the replicas to run with "
                         "SCACHE_CACHE__EMIT_QUERY_TEXT=true; reads SCACHE_CLICKHOUSE__URL)")
