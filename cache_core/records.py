@@ -29,9 +29,16 @@ class InvalidRequest(ValueError):
     """Input the cache refuses (the service answers 4xx with this message)."""
 
 
-@dataclass
+NO_UNITS: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True)
 class CacheEntry:
-    """One cached question/answer pair and its lifetime bookkeeping."""
+    """One cached question/answer pair and its lifetime bookkeeping.
+
+    Slotted, with no per-entry empty set: a store holds up to millions of these, and a
+    ``__dict__`` plus an empty ``set()`` each cost 272 B of the 488 B an entry's record took
+    (tracemalloc, 10^5 entries; ``bench/index_kinds.py --cache`` measures the whole cache)."""
 
     entry_id: str
     query: str
@@ -57,9 +64,10 @@ class CacheEntry:
     protected: bool = False
     """LRU passes over it while alive (near-duplicate tier)."""
     approx_bytes: int = 0
-    wrong_units: set[str] = field(default_factory=set)
+    wrong_units: frozenset[str] = NO_UNITS
     """Units whose hits on it got a "wrong" verdict, on any replica (votes travel the entries topic);
-    persisted in the snapshot and the log (cache_core.state.feedback)."""
+    persisted in the snapshot and the log (cache_core.state.feedback). Immutable, shared while
+    empty: a vote replaces it (``Partition.vote``)."""
 
     ttl_context: object | None = None
     """adaptive: the ``cache_core.adaptive_ttl.TtlContext`` its ttl_s was predicted from (not persisted)."""

@@ -32,7 +32,7 @@ def persisted_meta(entry) -> dict:
 
 def entry_from_meta(meta: dict, embedding: np.ndarray):
     meta = dict(meta)
-    wrong_units = set(meta.pop("wrong_units", None) or ())  # absent before votes were persisted
+    wrong_units = frozenset(meta.pop("wrong_units", None) or ())  # absent before votes were persisted
     if not all(isinstance(unit, str) for unit in wrong_units):
         raise ValueError("wrong_units must be unit ids")  # a corrupt snapshot: PersistenceError, a put: malformed
     return CacheEntry(embedding=np.asarray(embedding, dtype=np.float32), wrong_units=wrong_units, **meta)

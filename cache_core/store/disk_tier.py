@@ -170,7 +170,7 @@ class DiskTier:
 
     def _entry(self, vec_blob: bytes, meta_blob: bytes) -> CacheEntry:
         meta = json.loads(self._zd.decompress(meta_blob))
-        wrong = set(meta.pop("wrong_units", []))
+        wrong = frozenset(meta.pop("wrong_units", []))
         return CacheEntry(embedding=self._vector(vec_blob), wrong_units=wrong, **meta)
 
     def _index(self, seq: int, entry_id: str, scope: str, vec: np.ndarray) -> None:

@@ -423,7 +423,7 @@ class Partition:
         entry = self.entries.get(entry_id)
         if entry is None or unit_id in entry.wrong_units:
             return entry, False
-        entry.wrong_units.add(unit_id)
+        entry.wrong_units = entry.wrong_units | {unit_id}
         if self.journal is not None:
             self.journal.record_vote(self.key, entry_id, unit_id)
         return entry, True
