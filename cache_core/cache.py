@@ -375,6 +375,11 @@ class SemanticCache:
         judged = self.learnable.judged(request_id, verdict == "wrong")
         return "unknown" if judged is None else self.apply(judged, "local")
 
+    def checked(self, request_id: str, check_prob: float) -> None:
+        """A shadow check sampled this replica's lookup ``request_id`` at rate ``check_prob``: an
+        error-bounded arm weighs its verdict by the inverse (cache_core.state.learning)."""
+        self.learnable.checked(request_id, check_prob)
+
     def attach_journal(self, journal) -> None:
         """Log every later insert/removal of every partition (existing and new) to ``journal``."""
         self.journal = journal

@@ -200,6 +200,8 @@ class JudgedLookup(BaseModel):
     """The entry's intent cluster."""
     similarity: float = Field(ge=-1.01, le=1.01, allow_inf_nan=False)
     wrong: bool
+    check_prob: float = Field(1.0, gt=0.0, le=1.0)
+    """The rate the lookup was checked at (its verdict weighs the inverse)."""
 
 
 class ClusterModelPayload(BaseModel):

@@ -67,10 +67,12 @@ def upstream_fetch(client: httpx.Client, service: ServiceSettings):
 
 
 def build_checker(settings: Settings, encode: Callable, client: httpx.Client,
-                  publish: Callable[[FeedbackEvent], None]) -> ShadowChecker:
+                  publish: Callable[[FeedbackEvent], None],
+                  on_checked: Callable[[str, float], None] | None = None) -> ShadowChecker:
     """Hit checks and lookup near-miss checks need an upstream: without ``service.upstream_url`` only
-    chat near-misses are checked."""
+    chat near-misses are checked. ``on_checked``: told each check's sampling rate (``ShadowChecker``)."""
     shadow = settings.shadow
     if not settings.service.upstream_url and (shadow.hit_rate > 0 or shadow.near_miss_rate > 0):
         shadow = shadow.model_copy(update={"hit_rate": 0.0, "near_miss_rate": 0.0})
-    return ShadowChecker(shadow, from_settings(shadow, encode), upstream_fetch(client, settings.service), publish)
+    return ShadowChecker(shadow, from_settings(shadow, encode), upstream_fetch(client, settings.service), publish,
+                         on_checked=on_checked)

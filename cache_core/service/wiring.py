@@ -277,7 +277,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
                        tracing=tracing, _closers=closers)
     # Shadow checks ask the upstream from their own worker threads: a blocking client of their own.
     shadow_client = httpx.Client()
-    parts.shadow = build_checker(settings, encoder.encode, shadow_client, publisher.publish_feedback)
+    parts.shadow = build_checker(settings, encoder.encode, shadow_client, publisher.publish_feedback,
+                                 on_checked=cache.checked)  # error-bounded arms weigh verdicts by 1 / rate
     parts.metrics = ServiceMetrics(
         cache, publisher.stats, persistence.metrics if persistence else None,
         entry_follower.stats if entry_follower else None,

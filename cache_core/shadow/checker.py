@@ -80,6 +80,9 @@ class _Check:
     request: Any = None
     fresh: str | None = None
     """Known already for a near-miss; fetched by the worker for a hit."""
+    check_prob: float = 1.0
+    """The rate lookups like this one are checked at (``hit_rate``, ``near_miss_rate``, 1 for a chat
+    near-miss): an error-bounded arm weighs the verdict by its inverse."""
 
 
 _STOP = object()
@@ -88,12 +91,17 @@ _STOP = object()
 class ShadowChecker:
     def __init__(self, settings: ShadowSettings, equivalence: Equivalence, fetch: Fetch,
                  publish: Callable[[FeedbackEvent], None], *, clock: Callable[[], float] = time.monotonic,
-                 sample: Callable[[], float] = random.random):
+                 sample: Callable[[], float] = random.random,
+                 on_checked: Callable[[str, float], None] | None = None):
+        """``on_checked(request_id, check_prob)``: called on the request path for each check queued,
+        with the rate it was sampled at (the service: ``SemanticCache.checked``, so error-bounded
+        arms weigh the verdict by its inverse; a budget or queue drop is not in that rate)."""
         self.settings = settings
         self.equivalence = equivalence
         self.fetch = fetch
         self.publish = publish
         self.sample = sample
+        self.on_checked = on_checked
         self.budget = Budget(settings.calls_per_minute, clock)
         self._queue: queue.Queue = queue.Queue(maxsize=settings.queue_size)
         self._counts: Counter = Counter()
@@ -125,7 +133,7 @@ class ShadowChecker:
         if not self.budget.take(result.arm):
             return self._count("dropped_budget")
         return self._offer(_Check("hit", result.request_id, result.arm, result.answer, query=query,
-                                  request=request))
+                                  request=request, check_prob=self.settings.hit_rate))
 
     def is_near_miss(self, result: LookupResult) -> bool:
         """A miss just below the threshold (within the band), or a judged arm's miss the judge vetoed
@@ -156,7 +164,8 @@ class ShadowChecker:
             return "skipped"
         if not self.budget.take(result.arm):
             return self._count("dropped_budget")
-        return self._offer(_Check("near_miss", result.request_id, result.arm, result.nearest_answer, query=query))
+        return self._offer(_Check("near_miss", result.request_id, result.arm, result.nearest_answer, query=query,
+                                  check_prob=rate))
 
     def _offer(self, check: _Check) -> str:
         if self._closed or not self._workers:
@@ -165,6 +174,8 @@ class ShadowChecker:
             self._queue.put_nowait(check)
         except queue.Full:
             return self._count("dropped_queue")
+        if self.on_checked is not None:
+            self.on_checked(check.request_id, min(1.0, check.check_prob))
         return self._count("queued")
 
     def _count(self, what: str) -> str:

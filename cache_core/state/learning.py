@@ -8,12 +8,15 @@ shadow check of a hit or of a near-miss), becomes a ``Judged`` change applied th
 ``SemanticCache.apply`` with origin "local": the replica that made the lookup records it,
 logs it (write-ahead log, snapshot) and sends it on the entries topic, where the other
 replicas apply it as "replica". Later verdicts on the same request are not counted again
-(a shadow check and a user's word on one lookup are one observation, not two).
+(a shadow check and a user's word on one lookup are one observation, not two). A shadow check
+that samples one of these lookups says at what rate it did (``checked``), so the verdict weighs
+1 / that rate (``Judged.check_prob``); a lookup no check sampled keeps 1.0.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 
 from cache_core.decision.error_bound import Judged
 
@@ -38,10 +41,17 @@ class LookupsToLearnFrom:
             if len(self._lookups) > self.capacity:
                 self._lookups.popitem(last=False)
 
+    def checked(self, request_id: str, check_prob: float) -> None:
+        """A shadow check sampled lookup ``request_id`` at rate ``check_prob`` (ignored if unknown)."""
+        with self._lock:
+            lookup = self._lookups.get(request_id)
+            if lookup is not None:
+                self._lookups[request_id] = replace(lookup, check_prob=check_prob)
+
     def judged(self, request_id: str, wrong: bool) -> Judged | None:
         """The lookup ``request_id`` was, with the verdict, forgotten at once; None if unknown."""
         with self._lock:
             lookup = self._lookups.pop(request_id, None)
         if lookup is None:
             return None
-        return Judged(lookup.experiment_id, lookup.arm, lookup.entry_id, lookup.cluster, lookup.similarity, wrong)
+        return replace(lookup, wrong=wrong)

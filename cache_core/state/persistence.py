@@ -142,7 +142,8 @@ class Journal:
 
     def record_judged(self, judged: Judged) -> None:
         self._append({"op": "judged", "exp": judged.experiment_id, "arm": judged.arm, "id": judged.entry_id,
-                      "cluster": judged.cluster, "sim": judged.similarity, "wrong": judged.wrong})
+                      "cluster": judged.cluster, "sim": judged.similarity, "wrong": judged.wrong,
+                      "p": judged.check_prob})
 
     def sync(self) -> None:
         """fsync the current segment if anything was written since the last sync."""
@@ -413,7 +414,8 @@ class Persistence:
                     cache.apply(Vote(tuple(record["key"]), record["id"], record["unit"]), "log")
                 elif op == "judged":
                     cache.apply(Judged(record["exp"], record["arm"], record["id"], int(record["cluster"]),
-                                       float(record["sim"]), bool(record["wrong"])), "log")
+                                       float(record["sim"]), bool(record["wrong"]),
+                                       float(record.get("p", 1.0))), "log")  # logs before check_prob: 1
                 report.replayed_records += 1
 
     # -- internals ----------------------------------------------------------------------

@@ -144,7 +144,7 @@ class EntryFeed:
         self.publisher.publish_entry(EntryMessage(
             change="judged", origin=self.instance_id, experiment_id=judged.experiment_id, entry_id=judged.entry_id,
             judged=JudgedLookup(arm=judged.arm, cluster=judged.cluster, similarity=judged.similarity,
-                                wrong=judged.wrong)))
+                                wrong=judged.wrong, check_prob=judged.check_prob)))
 
     def purged(self, namespace: str, purged_at: float, match: EntryMatch) -> None:
         self.publisher.publish_entry(EntryMessage(change="purge", origin=self.instance_id, namespace=namespace,
@@ -363,7 +363,7 @@ class EntryFollower(TopicFollower):
         if message.change == "judged":  # our own was recorded (and logged) when it was made
             return "own" if own else self.cache.apply(Judged(
                 message.experiment_id, message.judged.arm, message.entry_id, message.judged.cluster,
-                message.judged.similarity, message.judged.wrong), "replica")
+                message.judged.similarity, message.judged.wrong, message.judged.check_prob), "replica")
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
 

@@ -216,3 +216,24 @@ def test_a_judge_veto_is_a_near_miss_whatever_its_similarity():
     finally:
         shadow.close()
     assert published.events[0].request_id == "v1" and published.events[0].verdict == "wrong"
+
+
+def test_each_queued_check_reports_the_rate_it_was_sampled_at():
+    """An error-bounded arm weighs a verdict by 1 / its check rate: hits at ``hit_rate``, lookup
+    near-misses at ``near_miss_rate``, chat near-misses (always compared) at 1; drops report nothing."""
+    rates = {}
+    draws = iter([0.05, 0.1, 0.9, 0.9])
+    shadow = ShadowChecker(ShadowSettings(hit_rate=0.25, near_miss_band=0.1, near_miss_rate=0.5, calls_per_minute=2,
+                                          equivalence="exact"), ExactMatch(), lambda q, r: "x", Recorder(),
+                           clock=ManualClock(), sample=lambda: next(draws),
+                           on_checked=lambda request_id, p: rates.__setitem__(request_id, p)).start()
+    try:
+        near = lambda rid: result(rid, hit=False, similarity=0.85, threshold=0.9, nearest="x")  # noqa: E731
+        assert shadow.after_hit(result("h1"), "q") == "queued"
+        assert shadow.after_lookup_miss(near("m1"), "q") == "queued"
+        assert shadow.after_miss(near("c1"), "x") == "queued"
+        assert shadow.after_hit(result("h2"), "q") == "skipped"  # drew 0.9
+        assert shadow.after_lookup_miss(near("m2"), "q") == "skipped"  # drew 0.9
+    finally:
+        shadow.close()
+    assert rates == {"h1": 0.25, "m1": 0.5, "c1": 1.0}

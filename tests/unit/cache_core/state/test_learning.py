@@ -104,3 +104,34 @@ def test_a_follower_replica_learns_the_same_thresholds_from_the_entries_topic():
     assert a.hit_rule.verdicts.counts("exp", "a")["verdicts"] == 22  # the echo is not counted twice
     assert b.lookup("near", unit_id="u").hit
     assert not any(b"judged" in value for value in feed_b.values)  # b does not send it on
+
+
+def test_a_shadow_checks_rate_weighs_its_verdict_through_the_log_and_the_topic(tmp_path):
+    """The checker tells the cache the rate it sampled a lookup at (``SemanticCache.checked``): the
+    verdict is recorded with that check_prob, logged with it and sent on with it."""
+    clock = ManualClock()
+    cache = make_cache(clock)
+    persistence = Persistence(tmp_path)
+    persistence.open(cache)
+    feed = Feed()
+    share(cache, feed, "a", "m")
+    cache.store("stored", "answer", unit_id="u")
+    sampled, unsampled = cache.lookup("near", unit_id="u"), cache.lookup("near", unit_id="u")
+    cache.checked(sampled.request_id, 0.25)
+    cache.checked("never-seen", 0.5)  # ignored
+    assert cache.learn(sampled.request_id, "wrong") == "judged"
+    assert cache.learn(unsampled.request_id, "correct") == "judged"
+    rows = cache.hit_rule.verdicts.export_state()["arms"][0]["arm_verdicts"]
+    assert sorted((w, p) for _, w, p in rows) == [(0, 1.0), (1, 0.25)]
+    persistence.close(final_snapshot=False)
+    restarted = make_cache(clock)
+    again = Persistence(tmp_path)
+    again.open(restarted)  # replayed from the log
+    assert restarted.hit_rule.verdicts.export_state() == cache.hit_rule.verdicts.export_state()
+    again.close()
+    follower = make_cache(clock, instance_id="b")
+    tp = TopicPartition(KAFKA.entries_topic, 0)
+    handler = EntryFollower(KAFKA, follower, "b", "m")
+    for offset, value in enumerate(feed.values):
+        handler.handle(SimpleNamespace(value=value, offset=offset), tp)
+    assert follower.hit_rule.verdicts.export_state() == cache.hit_rule.verdicts.export_state()
