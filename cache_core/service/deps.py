@@ -3,7 +3,9 @@
 
 Every dependency here (and ``auth.get_caller``) is ``async def`` although none awaits: FastAPI runs a
 plain ``def`` dependency in its thread pool, a thread hop per dependency per request, which cost the
-lookup route most of its throughput under concurrency (bench/front_throughput.py)."""
+lookup route most of its throughput under concurrency (bench/front_throughput.py). The hot routes
+(lookup, chat) take one dependency instead, ``auth.AccessDep``: every dependency costs its solving
+on every request."""
 from __future__ import annotations
 
 from typing import Annotated

@@ -16,9 +16,8 @@ from cache_core.records import InvalidRequest
 from cache_core.events import CacheEvent
 from cache_core.experiments import assign
 from cache_core.service import chat, chat_key
-from cache_core.service.auth import CallerDep
+from cache_core.service.auth import AccessDep
 from cache_core.service.controls import read_controls
-from cache_core.service.deps import CacheDep, ComponentsDep, MetricsDep
 from cache_core.service.errors import openai_error
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.schemas import ChatCompletionRequest
@@ -34,15 +33,15 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request, components: ComponentsDep,
-                     cache: CacheDep, metrics: MetricsDep, caller: CallerDep):
+async def chat_completions(body: ChatCompletionRequest, request: Request, access: AccessDep):
     """A cached answer needs the read right on the namespace (x-scache-namespace, else the key's);
     a forwarded answer is stored only for a caller with the write right there.
 
     Async where it waits: the encoder (its own batching thread), the upstream (``httpx.AsyncClient``)
     and the relay, so open streams hold no thread; the store (an encode and a log write) runs in the
     thread pool. A client that goes away mid-stream closes the upstream request."""
-    service = components.settings.service
+    components, caller = access.components, access.caller
+    cache, metrics, service = components.cache, components.metrics, components.settings.service
     try:
         reason = chat_key.bypass_reason(body)
         query = None
