@@ -49,6 +49,9 @@ from cache_core.records import (CacheEntry, EntryMatch, InvalidRequest, LookupRe
 
 Clock = Callable[[], float]
 
+INLINE_MAX_CHARS = 2000
+"""A lone lookup's query up to this long may be encoded in the event loop (``lookup_async``)."""
+
 
 class SemanticCache:
     """The online cache: ``lookup`` decides and emits one event; ``store`` admits.
@@ -97,6 +100,8 @@ class SemanticCache:
         self.feedback_outcomes: dict[tuple[str, str, str], int] = {}
         """(experiment, arm, outcome) -> verdicts on the hits served here."""
         self._feedback_lock = threading.Lock()
+        self._async_lookups = 0
+        """``lookup_async`` calls in flight (on the event loop)."""
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.journal = None
@@ -132,7 +137,17 @@ class SemanticCache:
         """``lookup`` for an event loop: awaits the encoder instead of holding a thread.
 
         The decision after the encode is short (search under the partition lock) and
-        runs in the loop."""
+        runs in the loop. A lookup alone in flight, with the encoder's workers idle, encodes in the
+        loop itself (``BatchingEncoder.encode_now``, a query of at most ``INLINE_MAX_CHARS``): the
+        loop has nothing else to do meanwhile."""
+        self._async_lookups += 1
+        try:
+            return await self._lookup_async(query, unit_id, experiment_id, namespace, scope)
+        finally:
+            self._async_lookups -= 1
+
+    async def _lookup_async(self, query: str, unit_id: str, experiment_id: str | None,
+                            namespace: str, scope: str | None) -> LookupResult:
         with self.tracing.span("scache.lookup", {"scache.namespace": namespace}) as span:
             self._check_query(query, unit_id, namespace, scope)
             started = time.perf_counter()
@@ -143,7 +158,16 @@ class SemanticCache:
                                                           query, unit_id, namespace, scope))
             submit = getattr(self.embedder, "submit", None)
             with self.tracing.span("scache.embed"):
-                if submit is not None:
+                encoded = None
+                if self._async_lookups == 1 and len(query) <= INLINE_MAX_CHARS and hasattr(self.embedder, "encode_now"):
+                    # requests that arrived with it start first (else each would be alone in turn, all
+                    # encoded one by one in the loop, the workers idle)
+                    await asyncio.sleep(0)
+                    if self._async_lookups == 1:  # alone, and the encoder idle: encode here
+                        encoded = self.embedder.encode_now([query])
+                if encoded is not None:
+                    vecs, norms = encoded
+                elif submit is not None:
                     vecs, norms = await asyncio.wrap_future(submit([query]))
                 else:
                     vecs, norms = await asyncio.to_thread(self.embedder.encode_with_norms, [query])

@@ -89,6 +89,10 @@ class CacheSettings(_Documented):
     """At most this many queued texts go into one encode. Bigger batches did not encode faster per
     text here (onnx-int8, short queries: 4.3 ms a text in 4s, 5.0 in 16s, 5.4 in 32s, 5.8 alone, one
     loaded run of bench/encoder_speed-style timing) and let one worker take the whole queue."""
+    encoder_inline: bool = True
+    """A lookup alone in flight, with every encoder worker idle, is encoded in the event loop itself
+    (no hand-off to a worker thread and back; the loop is held for that one encode, ~2 ms for
+    onnx-int8): at concurrency 1 the hand-offs were a fifth of a lookup's time."""
     embedding_cache_entries: int = Field(10_000, ge=0)
     """Texts whose embeddings an exact-text LRU keeps in front of the encoder, so a question
     asked again skips the model (0: off). About 1.6 kB each at 384 dimensions."""

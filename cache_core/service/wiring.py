@@ -229,7 +229,8 @@ def build_components(settings: Settings, publisher: Publisher, embedder: Embedde
     tracing = build_tracing(settings.tracing, instance_id) if own_tracing else tracing
     own_encoder = not isinstance(embedder, BatchingEncoder)
     encoder = BatchingEncoder(embedder or load_embedder(settings.cache), max_batch=settings.cache.encoder_max_batch,
-                              workers=settings.cache.encoder_workers) if own_encoder else embedder
+                              workers=settings.cache.encoder_workers, inline=settings.cache.encoder_inline) \
+        if own_encoder else embedder
     registry = registry or ExperimentRegistry.from_file(settings.experiments_file)
     own_worker = event_executor is None
     event_executor = EventWorker() if own_worker else event_executor

@@ -167,3 +167,67 @@ def test_a_second_worker_encodes_while_the_first_is_busy():
     assert encoder.texts_encoded == 4 and encoder.batches == 2
     with pytest.raises(EmbedderError, match="closed"):
         encoder.submit(["late"])
+
+
+class ThreadNoting:
+    """Answers at once and notes the thread of each call."""
+
+    dim = 2
+
+    def __init__(self):
+        self.threads: list[str] = []
+
+    def encode_with_norms(self, texts):
+        self.threads.append(threading.current_thread().name)
+        return np.ones((len(texts), 2), np.float32) / np.sqrt(2), np.ones(len(texts), np.float32)
+
+
+def test_encode_now_runs_in_the_caller_only_while_every_worker_is_idle():
+    gated = GatedEmbedder()
+    encoder = BatchingEncoder(gated, max_batch=2, workers=1)
+    try:
+        first = encoder.submit(["slow"])
+        while not gated.calls:  # the worker is busy: a caller must queue, to be batched
+            threading.Event().wait(0.001)
+        assert encoder.encode_now(["q"]) is None
+        gated.release.set()
+        first.result(timeout=10)
+        while encoder._busy:
+            threading.Event().wait(0.001)
+        vecs, norms = encoder.encode_now(["q", "r"])  # idle: encoded here
+        assert vecs.shape == (2, 2) and gated.calls == [1, 2]
+        assert (encoder.batches, encoder.inline_calls, encoder.texts_encoded) == (2, 1, 3)
+    finally:
+        gated.release.set()
+        encoder.close()
+    off = BatchingEncoder(ThreadNoting(), inline=False)
+    try:
+        assert off.encode_now(["q"]) is None
+    finally:
+        off.close()
+
+
+def test_a_lone_async_lookup_encodes_in_the_loop_and_concurrent_ones_go_to_the_workers():
+    import asyncio
+
+    from cache_core.cache import SemanticCache
+    from cache_core.experiments import ArmConfig, ExperimentConfig
+    from cache_core.registry import ExperimentRegistry
+
+    inner = ThreadNoting()
+    encoder = BatchingEncoder(inner, workers=1)
+    exp = ExperimentConfig(experiment_id="e", salt="s", arms=[ArmConfig(name="a")])
+    cache = SemanticCache(encoder, ExperimentRegistry({"e": exp}))
+
+    async def run() -> None:
+        await cache.lookup_async("alone", unit_id="u")
+        assert inner.threads == ["MainThread"]
+        await asyncio.gather(*[cache.lookup_async(f"q{i}", unit_id="u") for i in range(4)])
+
+    try:
+        asyncio.run(run())
+    finally:
+        encoder.close()
+    # arriving together, none of the four is alone: all batched by the worker, none serialised in the loop
+    assert inner.threads[0] == "MainThread" and inner.threads[1:] and set(inner.threads[1:]) == {"embedder-0"}
+    assert encoder.inline_calls == 1 and encoder.texts_encoded == 5
