@@ -238,7 +238,7 @@ class SemanticCache:
         if decision.threshold_source is not None and shown is not None:  # an error-bounded arm
             self.learnable.remember(req.request_id, Judged(
                 req.experiment.experiment_id, req.arm_name, shown.entry.entry_id, shown.entry.intent_cluster,
-                float(shown.similarity), False))
+                float(shown.similarity), False), asked_at=ask_rate if asked else 0.0)
         if served is not None:
             self.served.remember(req.request_id, ServedHit(partition.key, req.experiment.experiment_id,
                                                            req.arm_name, served.entry_id, unit_id))

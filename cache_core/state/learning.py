@@ -10,7 +10,10 @@ logs it (write-ahead log, snapshot) and sends it on the entries topic, where the
 replicas apply it as "replica". Later verdicts on the same request are not counted again
 (a shadow check and a user's word on one lookup are one observation, not two). A shadow check
 that samples one of these lookups says at what rate it did (``checked``), so the verdict weighs
-1 / that rate (``Judged.check_prob``); a lookup no check sampled keeps 1.0.
+1 / that rate (``Judged.check_prob``). A hit whose user was asked for a verdict (the arm's
+``feedback_sample_rate``) was sampled at that rate; asked and shadow-checked, at the chance that
+either drew it. A lookup nothing sampled keeps 1.0: a user's unsolicited word is no designed
+sample, and its weight cannot be known.
 """
 from __future__ import annotations
 
@@ -27,31 +30,38 @@ class LookupsToLearnFrom:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._lookups: OrderedDict[str, Judged] = OrderedDict()
+        self._lookups: OrderedDict[str, tuple[Judged, float]] = OrderedDict()
+        """request id -> (the lookup, the rate its user was asked for a verdict at; 0: not asked)."""
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._lookups)
 
-    def remember(self, request_id: str, lookup: Judged) -> None:
+    def remember(self, request_id: str, lookup: Judged, asked_at: float = 0.0) -> None:
+        """``asked_at``: the sample rate at which this hit's user was asked for a verdict (0: not asked)."""
         if self.capacity <= 0:
             return
+        if asked_at > 0:
+            lookup = replace(lookup, check_prob=asked_at)
         with self._lock:
-            self._lookups[request_id] = lookup
+            self._lookups[request_id] = (lookup, asked_at)
             if len(self._lookups) > self.capacity:
                 self._lookups.popitem(last=False)
 
     def checked(self, request_id: str, check_prob: float) -> None:
         """A shadow check sampled lookup ``request_id`` at rate ``check_prob`` (ignored if unknown)."""
         with self._lock:
-            lookup = self._lookups.get(request_id)
-            if lookup is not None:
-                self._lookups[request_id] = replace(lookup, check_prob=check_prob)
+            found = self._lookups.get(request_id)
+            if found is not None:
+                lookup, asked_at = found
+                # Two independent draws: the verdict exists if either sampled the lookup.
+                either = 1.0 - (1.0 - asked_at) * (1.0 - check_prob)
+                self._lookups[request_id] = (replace(lookup, check_prob=either), asked_at)
 
     def judged(self, request_id: str, wrong: bool) -> Judged | None:
         """The lookup ``request_id`` was, with the verdict, forgotten at once; None if unknown."""
         with self._lock:
-            lookup = self._lookups.pop(request_id, None)
-        if lookup is None:
+            found = self._lookups.pop(request_id, None)
+        if found is None:
             return None
-        return replace(lookup, wrong=wrong)
+        return replace(found[0], wrong=wrong)

@@ -135,3 +135,22 @@ def test_a_shadow_checks_rate_weighs_its_verdict_through_the_log_and_the_topic(t
     for offset, value in enumerate(feed.values):
         handler.handle(SimpleNamespace(value=value, offset=offset), tp)
     assert follower.hit_rule.verdicts.export_state() == cache.hit_rule.verdicts.export_state()
+
+
+def test_a_solicited_verdict_weighs_by_the_rate_its_user_was_asked_at():
+    """A hit whose user was asked (the arm samples feedback at 0.5) was drawn at 0.5; also
+    shadow-checked at 0.25, at the chance either drew it, 1 - 0.5 x 0.75; an unasked hit's
+    verdict keeps 1.0 (an unsolicited word, no known rate)."""
+    arm = ArmConfig(name="a", threshold=0.95, threshold_policy=POLICY, feedback_sample_rate=0.5)
+    cache = make_cache(exp=experiment(arm))
+    cache.store("stored", "answer", unit_id="u")
+    asked, unasked = [], []
+    while len(asked) < 2 or not unasked:
+        result = cache.lookup("stored", unit_id="u")
+        assert result.hit
+        (asked if result.feedback_requested else unasked).append(result.request_id)
+    cache.checked(asked[1], 0.25)
+    for request_id in (asked[0], asked[1], unasked[0]):
+        assert cache.learn(request_id, "correct") == "judged"
+    rows = cache.hit_rule.verdicts.export_state()["arms"][0]["arm_verdicts"]
+    assert sorted(p for _, _, p in rows) == [0.5, 0.625, 1.0]
