@@ -86,6 +86,11 @@ def _compare_since(index: VectorStore | None, raw: list[tuple[str, float]],
     return ann_agreement(kept_raw, kept_exact[:slots])
 
 
+def _text_slot(scope: str | None, key: str) -> int:
+    """``by_text``'s key for a scope and a ``text_key``: a hash (this process's), checked on use."""
+    return hash((scope or "", key))
+
+
 def _compact(index: VectorStore) -> bool:
     """Whether entries indexed by ``index`` leave their vector to it (VectorStore.compact_entries)."""
     return index.compact_entries
@@ -121,7 +126,9 @@ class Partition:
         self.lock = threading.RLock()
         self.entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self.indexes: dict[str, VectorStore] = {}
-        self.by_text: dict[tuple[str, str], str] = {}
+        self.by_text: dict[int, str] = {}
+        """Entry id by ``_text_slot`` of (scope, text): an int key, not the (scope, casefolded text)
+        tuple it hashes, saves ~150 B per entry (the entry holds the text; a hit is checked)."""
         self.bytes = 0
         self.evictions = 0
         self.expirations = 0
@@ -372,15 +379,18 @@ class Partition:
         self.entries.move_to_end(entry.entry_id)
 
     def existing_same_text(self, scope: str | None, query: str) -> CacheEntry | None:
-        entry_id = self.by_text.get((scope or "", text_key(query)))
-        return self.entries.get(entry_id) if entry_id else None
+        key = text_key(query)
+        entry = self.entries.get(self.by_text.get(_text_slot(scope, key), ""))
+        if entry is None or (entry.scope or "") != (scope or "") or text_key(entry.query) != key:
+            return None  # none, or a hash collision (the later text took the slot)
+        return entry
 
     def insert(self, entry: CacheEntry) -> None:
         if self.holds(entry.entry_id):  # a replayed log record: replace, do not double count
             self.remove(entry.entry_id)
         self.mutations += 1
         self.entries[entry.entry_id] = entry
-        self.by_text[(entry.scope or "", text_key(entry.query))] = entry.entry_id
+        self.by_text[_text_slot(entry.scope, text_key(entry.query))] = entry.entry_id
         self.bytes += entry.approx_bytes
         index = self._index_for(entry.scope)
         index.add(entry.entry_id, entry.embedding)
@@ -406,7 +416,7 @@ class Partition:
         if self.journal is not None:
             self.journal.record_remove(self.key, entry_id)
         self.bytes -= entry.approx_bytes
-        by_text = (entry.scope or "", text_key(entry.query))
+        by_text = _text_slot(entry.scope, text_key(entry.query))
         if self.by_text.get(by_text) == entry_id:
             del self.by_text[by_text]
         scope_key = entry.scope or ""

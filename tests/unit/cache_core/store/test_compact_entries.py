@@ -194,3 +194,19 @@ def test_the_expiry_sweep_leaves_an_adaptive_compressed_arm_ghosts_with_vectors(
     life = cache.lifetimes._stores[cache.partitions()[0].key]
     assert len(life.ghosts) == 5
     assert all(float(g[0] @ VECS[i]) > 0.99 for i, g in enumerate(life.ghosts))
+
+
+def test_same_text_lookup_survives_a_hash_collision_of_its_slot(monkeypatch):
+    """``by_text`` keys are hashes (cache_core.store.partition._text_slot): a collision makes the
+    earlier text unfindable as "the same question", never another text's entry found for it."""
+    from cache_core.store import partition as partition_module
+
+    cache, _ = make("sq_fp16")
+    monkeypatch.setattr(partition_module, "_text_slot", lambda scope, key: 42)
+    fill(cache, 2)
+    [partition] = cache.partitions()
+    assert partition.existing_same_text(None, "q0") is None  # q1 took the slot
+    assert partition.existing_same_text(None, "  Q1 ").query == "q1"
+    assert partition.existing_same_text("conversation", "q1") is None
+    assert cache.store("q1", "newer", unit_id="u").reason == "updated"
+    assert len(partition) == 2
