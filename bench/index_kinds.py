@@ -2,7 +2,7 @@
 
     python -m bench.index_kinds [--sizes 10000,100000,1000000] [--queries 1000]
                                 [--kinds all] [--large-kinds flat,sq_int8,ivf_sq_int8,ivf_pq,semhash]
-                                [--max-build-s 240] [--all-in] [--out index_kinds]
+                                [--max-build-s 240] [--all-in] [--cache] [--out index_kinds]
 
 Vectors (384-d, unit length): the banking77 train texts encoded for real by the cache's
 encoder (cache_core.embedder; encodings kept in scache_home()/bench/), noisy copies of
@@ -34,6 +34,20 @@ building it (RSS after ``malloc_trim``, over entries), ``store_p50/p99_ms`` and
 ``store_cpu_*`` time ``VectorIndex.search(q, 5)`` (the partition's call, re-score
 included), and ``store_recall_at_1`` is its top-1 against exact float32 search.
 
+With ``--cache``, each kind is also measured as the whole cache holds it, in a fresh process
+(so no freed heap of earlier work is reused): a ``Partition`` filled by one ``insert`` per
+entry in a shuffled order (as stores, replicated puts and restores fill it; the kinds that
+train do so when they reach their training size), each entry a ``CacheEntry`` with a 32-hex
+id, a distinct banking77 question (numbered) and its intent's demo answer. ``cache_bytes_per_entry``
+is the resident memory grown by all of it (texts, entry records, partition maps, the index
+with its id maps); the parts: texts and entry records by the memory their creation took, the
+index structure serialised, its reference copy, spare capacity single adds left in IVF lists
+(what compacting them gives back), id maps and partition maps by ``sys.getsizeof``, and the
+rest (allocator fragmentation from the per-entry float32 copies handed over and freed, IVF
+centroids, counters). ``cache_p50/p99_ms`` and ``cache_cpu_*`` time ``Partition.search`` (the
+lookup's search, liveness filter included) and ``cache_recall_at_1`` is its best against
+exact float32 search.
+
 Prints a table; writes bench/results/<out>.json and <out>.png.
 """
 from __future__ import annotations
@@ -42,7 +56,9 @@ import argparse
 import ctypes
 import gc
 import json
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import faiss
@@ -232,6 +248,113 @@ def measure_store(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray,
     return row
 
 
+def texts_for(size: int, texts: list[str], answers: list[str]) -> tuple[list[str], list[str]]:
+    """Per entry, a distinct query (a banking77 train text, numbered) and its intent's demo
+    answer, each its own string object as a request's JSON decodes it."""
+    return ([f"{texts[i % len(texts)]} #{i}" for i in range(size)],
+            [(answers[i % len(texts)] + " ")[:-1] for i in range(size)])
+
+
+def cache_in_child(spec: IndexSpec, size: int, queries: np.ndarray,
+                   truth: tuple[np.ndarray, np.ndarray]) -> dict:
+    """``measure_cache`` in a fresh process: resident memory grown by filling a cache is
+    only that when no freed heap of earlier work is there to be reused."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_cache_child, spec, size, queries, truth).result()
+
+
+def _cache_child(spec: IndexSpec, size: int, queries: np.ndarray, truth: tuple[np.ndarray, np.ndarray]) -> dict:
+    from infra.traffic import answer_for
+
+    set_search_threads(1)
+    vecs = corpus(encoded("train"), size)
+    frame = pd.read_csv(BANKING77_DIR / "train.csv")
+    texts, answers = list(frame.text), [answer_for(intent) for intent in frame.category]
+    del frame
+    return measure_cache(spec, vecs, queries, truth, texts, answers)
+
+
+def measure_cache(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray, truth: tuple[np.ndarray, np.ndarray],
+                  texts: list[str], answers: list[str]) -> dict:
+    """The kind as the whole cache holds it: a ``Partition`` filled one ``insert`` at a time
+    (as stores, replicated puts and restores fill it) in a shuffled order, its entries with
+    texts and uuid ids, all in (module docstring), and where the bytes go."""
+    from cache_core.records import CacheEntry, entry_bytes
+    from cache_core.store.partition import Partition
+
+    size = len(vecs)
+    order = np.random.default_rng(2).permutation(size)
+    base = resident_bytes()
+    query_texts, answer_texts = texts_for(size, texts, answers)
+    after_texts = resident_bytes()
+    now = time.time()
+    entries = [CacheEntry(entry_id=uuid.uuid4().hex, query=query_texts[i], embedding=None, answer=answer_texts[i],
+                          created_at=now, ttl_s=3600.0, ttl_policy="absolute", max_age_s=86400.0,
+                          namespace="default", intent_cluster=-1) for i in range(size)]
+    del query_texts, answer_texts
+    after_entries = resident_bytes() - sys.getsizeof(entries)  # the list goes after the fill
+    partition = Partition(("default", "bench", "a"), DIM, spec, size + 1, 1 << 62)
+    started = time.perf_counter()
+    for i in order.tolist():
+        entry = entries[i]
+        entry.embedding = vecs[i].copy()  # as admission.new_entry hands it over
+        entry.approx_bytes = entry_bytes(entry.query, entry.answer, entry.embedding)
+        partition.insert(entry)
+    fill_s = time.perf_counter() - started
+    del entries
+    all_in = resident_bytes() - base
+    index = partition.indexes[""]
+    ann = index._ann
+    latencies, cpu, top = [], [], []
+    for query in queries:
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        found = partition.search(query, None, now)
+        cpu.append((time.thread_time() - began_cpu) * 1000)
+        latencies.append((time.perf_counter() - began) * 1000)
+        top.append(int(found.best.entry.query.rsplit("#", 1)[1]) if found.best is not None else -1)
+    top = np.asarray(top)
+    best_scores, best_ids = truth
+    hit = top >= 0
+    tie = np.zeros(len(top), dtype=bool)
+    tie[hit] = np.abs((vecs[top[hit]] * queries[hit]).sum(1) - best_scores[hit]) < 1e-6
+    structure = index_kinds.bytes_per_entry(ann)  # serialised: codes and list ids, graph links
+    reference = index.reference_bytes_per_entry()  # fp32 / fp16 copy beside it (none for codes)
+    # The id strings are the entries' own (counted with them); an internal id is one int in both maps.
+    id_maps = (sys.getsizeof(index._id_of) + sys.getsizeof(index._entry_of) + 28 * size) / size
+    part_maps = (sys.getsizeof(partition.entries) + sys.getsizeof(partition.by_text)
+                 + sum(sys.getsizeof(k) for k in partition.by_text)) / size  # by_text keys: hash ints
+    held = [e.embedding for e in partition.entries.values() if e.embedding is not None]
+    on_entries = sum(sys.getsizeof(vec) for vec in held) / size  # data and array header
+    index_grown = all_in - (after_entries - base)
+    index_kinds.compact_lists(ann)  # what single adds left as spare list capacity
+    slack = all_in - (resident_bytes() - base)
+    row = {
+        "cache_entries": size, "cache_fill_s": round(fill_s, 1),
+        "cache_bytes_per_entry": round(all_in / size, 1),
+        "cache_texts_bytes_per_entry": round((after_texts - base) / size, 1),
+        "cache_entry_objects_bytes_per_entry": round((after_entries - after_texts) / size, 1),
+        "cache_index_structure_bytes_per_entry": round(structure, 1),
+        "cache_index_reference_bytes_per_entry": round(reference, 1),
+        "cache_index_list_slack_bytes_per_entry": round(slack / size, 1),
+        "cache_index_id_maps_bytes_per_entry": round(id_maps, 1),
+        "cache_partition_maps_bytes_per_entry": round(part_maps, 1),
+        "cache_entry_embeddings_bytes_per_entry": round(on_entries, 1),
+        "cache_rest_bytes_per_entry": round(index_grown / size - structure - reference - slack / size - id_maps
+                                            - part_maps - on_entries, 1),
+        "cache_float32_embeddings_held": len(held),
+        "cache_p50_ms": round(float(np.percentile(latencies, 50)), 3),
+        "cache_p99_ms": round(float(np.percentile(latencies, 99)), 3),
+        "cache_cpu_p50_ms": round(float(np.percentile(cpu, 50)), 3),
+        "cache_cpu_p99_ms": round(float(np.percentile(cpu, 99)), 3),
+        "cache_recall_at_1": round(float(((top == best_ids) | tie).mean()), 4),
+    }
+    del partition, index, ann, held
+    return row
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -239,6 +362,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     frame = pd.DataFrame(rows)
     all_in = "store_bytes_per_entry" in frame
+    cache = "cache_bytes_per_entry" in frame
     fig, axes = plt.subplots(1, 4, figsize=(20, 5))
     for kind, group in frame.groupby("kind"):
         group = group.sort_values("entries")
@@ -247,7 +371,11 @@ def plot(rows: list[dict], path: Path) -> None:
         if all_in:  # the whole store, dashed in the same colour
             for ax, column in zip(axes[1:], ("store_cpu_p99_ms", "store_bytes_per_entry", "store_recall_at_1")):
                 ax.plot(group.entries, group[column], marker="s", linestyle="--", color=line.get_color())
-    suffix = " (dashed: whole store, all in)" if all_in else ""
+        if cache:  # the whole cache, dotted
+            for ax, column in zip(axes[1:], ("cache_cpu_p99_ms", "cache_bytes_per_entry", "cache_recall_at_1")):
+                ax.plot(group.entries, group[column], marker="^", linestyle=":", color=line.get_color())
+    parts = (["dashed: whole store"] if all_in else []) + (["dotted: whole cache"] if cache else [])
+    suffix = f" ({', '.join(parts)}, all in)" if parts else ""
     for ax, title in zip(axes, ("build time (s)", "search CPU p99 (ms, 1 thread)" + suffix,
                                 "bytes per entry (structure)" + suffix,
                                 "recall@1 vs exact (structure's own top-1)" + suffix)):
@@ -276,6 +404,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-build-s", type=float, default=240.0)
     parser.add_argument("--all-in", action="store_true",
                         help="also measure each kind as a whole VectorIndex (memory all in, search with re-score)")
+    parser.add_argument("--cache", action="store_true",
+                        help="also measure each kind as the whole cache holds it (a Partition of entries, all in)")
     parser.add_argument("--out", default="index_kinds")
     args = parser.parse_args(argv)
     set_search_threads(1)
@@ -308,6 +438,19 @@ def main(argv: list[str] | None = None) -> dict:
                       f"wall p50 {row['store_p50_ms']:>7.3f} p99 {row['store_p99_ms']:>7.3f} ms  cpu p50 "
                       f"{row['store_cpu_p50_ms']:>7.3f} p99 {row['store_cpu_p99_ms']:>7.3f} ms  recall@1 "
                       f"{row['store_recall_at_1']:.3f}", flush=True)
+            if args.cache:
+                row.update(cache_in_child(spec, size, subset, (truth[0][:len(subset)], truth[1][:len(subset)])))
+                print(f"{size:>8} {name:<14} cache: {row['cache_bytes_per_entry']:>7.1f} B/entry (texts "
+                      f"{row['cache_texts_bytes_per_entry']:.0f}, entries {row['cache_entry_objects_bytes_per_entry']:.0f}"
+                      f", embeddings {row['cache_entry_embeddings_bytes_per_entry']:.0f}"
+                      f", structure {row['cache_index_structure_bytes_per_entry']:.0f}, reference "
+                      f"{row['cache_index_reference_bytes_per_entry']:.0f}, list slack "
+                      f"{row['cache_index_list_slack_bytes_per_entry']:.0f}, id maps "
+                      f"{row['cache_index_id_maps_bytes_per_entry']:.0f}, partition maps "
+                      f"{row['cache_partition_maps_bytes_per_entry']:.0f}, rest {row['cache_rest_bytes_per_entry']:.0f}"
+                      f")  fill {row['cache_fill_s']:.0f}s  cpu p50 {row['cache_cpu_p50_ms']:.3f} p99 "
+                      f"{row['cache_cpu_p99_ms']:.3f} ms  recall@1 {row['cache_recall_at_1']:.3f}  float32 "
+                      f"embeddings held {row['cache_float32_embeddings_held']}", flush=True)
             RESULTS.mkdir(exist_ok=True)  # written as it goes: a long run stopped early keeps its rows
             (RESULTS / f"{args.out}.json").write_text(json.dumps({"rows": rows}, indent=1))
     goal = [r for r in rows if r["entries"] >= 1_000_000 and r["kind"] not in ("flat", "hnsw", "ivf")
@@ -315,8 +458,12 @@ def main(argv: list[str] | None = None) -> dict:
     all_in = [r for r in rows if r["entries"] >= 1_000_000 and "store_bytes_per_entry" in r
               and r["kind"] not in ("flat", "hnsw", "ivf") and r["store_cpu_p99_ms"] < 2.0
               and r["store_recall_at_1"] >= 0.95 and r["store_bytes_per_entry"] < 600]
+    cache = [r for r in rows if r["entries"] >= 1_000_000 and "cache_bytes_per_entry" in r
+             and r["kind"] not in ("flat", "hnsw", "ivf") and r["cache_cpu_p99_ms"] < 2.0
+             and r["cache_recall_at_1"] >= 0.95 and r["cache_bytes_per_entry"] < 600]
     result = {"rows": rows, "goal_1e6_met_by": [r["kind"] for r in goal],
               "goal_1e6_all_in_met_by": [r["kind"] for r in all_in],
+              "goal_1e6_cache_met_by": [r["kind"] for r in cache],
               "setup": {"dim": DIM, "queries": args.queries, "faiss_threads": 1,
                         "corpus": "banking77 train encoded + noisy copies (cos ~0.9) to half + random unit"}}
     RESULTS.mkdir(exist_ok=True)
@@ -326,6 +473,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.all_in:
         print("the same goal all in (whole VectorIndex: resident memory, search with re-score) met by:",
               result["goal_1e6_all_in_met_by"])
+    if args.cache:
+        print("the same goal for the whole cache (a Partition of entries with texts, all in) met by:",
+              result["goal_1e6_cache_met_by"])
     return result
 
 

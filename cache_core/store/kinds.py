@@ -153,11 +153,11 @@ def build(spec, dim: int, vecs: np.ndarray | None = None, ids: np.ndarray | None
         if not index.is_trained:
             index.train(vecs if train is None else train)
         index.add_with_ids(vecs, ids)
-        _compact_lists(index)
+        compact_lists(index)
     return index
 
 
-def _compact_lists(index) -> None:
+def compact_lists(index) -> None:
     """Copy an IVF index's inverted lists into lists of exactly their size. FAISS adds in
     blocks of 65,536 vectors, each growing every list's vectors geometrically: after a bulk
     build of 10^6 int8 codes, the spare capacity was ~70 B per entry of resident memory
