@@ -392,6 +392,34 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+CACHE_PARTS = ("texts", "entry_objects", "entry_embeddings", "index_structure", "index_reference",
+               "index_list_slack", "index_id_maps", "partition_maps", "rest")
+
+
+def plot_cache_parts(rows: list[dict], path: Path) -> None:
+    """Where the whole cache's bytes per entry go, a stacked bar per kind and size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "cache_bytes_per_entry" in r]
+    labels = [f"{r['kind']}\n{r['entries']:,}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows) + 3), 5))
+    bottom = np.zeros(len(rows))
+    for part in CACHE_PARTS:
+        heights = np.array([max(r.get(f"cache_{part}_bytes_per_entry", 0.0), 0.0) for r in rows])
+        ax.bar(labels, heights, bottom=bottom, label=part.replace("_", " "))
+        bottom += heights
+    for x, r in enumerate(rows):
+        ax.text(x, bottom[x], f"{r['cache_bytes_per_entry']:,.0f} B", ha="center", va="bottom", fontsize=8)
+    ax.axhline(600, color="grey", linestyle="--", linewidth=1)
+    ax.set_ylabel("resident bytes per entry, whole cache")
+    ax.set_title("where a cache entry's memory goes (bench.index_kinds --cache)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
@@ -406,6 +434,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also measure each kind as a whole VectorIndex (memory all in, search with re-score)")
     parser.add_argument("--cache", action="store_true",
                         help="also measure each kind as the whole cache holds it (a Partition of entries, all in)")
+    parser.add_argument("--merge", default="",
+                        help="comma-separated earlier result names (bench/results/<name>.json) whose rows come first")
     parser.add_argument("--out", default="index_kinds")
     args = parser.parse_args(argv)
     set_search_threads(1)
@@ -414,7 +444,9 @@ def main(argv: list[str] | None = None) -> dict:
     real, tests = encoded("train"), encoded("test")
     queries = np.ascontiguousarray(tests[:args.queries])
     rows, build_rate = [], {}
-    for size in (int(s) for s in args.sizes.split(",")):
+    for name in filter(None, args.merge.split(",")):
+        rows.extend(json.loads((RESULTS / f"{name}.json").read_text())["rows"])
+    for size in (int(s) for s in args.sizes.split(",") if s):  # none: only --merge's rows
         vecs = corpus(real, size)
         truth = exact_top1(vecs, queries)
         for name in names if size < 1_000_000 else args.large_kinds.split(","):
@@ -469,6 +501,8 @@ def main(argv: list[str] | None = None) -> dict:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1))
     plot(rows, RESULTS / f"{args.out}.png")
+    if args.cache:
+        plot_cache_parts(rows, RESULTS / f"{args.out}_parts.png")
     print("goal at 10^6 (search CPU p99 < 2 ms, recall@1 >= 0.95 raw, < 600 B/entry) met by:", result["goal_1e6_met_by"])
     if args.all_in:
         print("the same goal all in (whole VectorIndex: resident memory, search with re-score) met by:",
