@@ -85,10 +85,12 @@ class CacheSettings(_Documented):
     """Threads that encode concurrent requests at once, sharing the model (each with
     ``encoder_threads`` intra-op threads): with one worker the encoder uses one core however many
     requests wait (bench/front_throughput.py: two on this 2-core machine)."""
-    encoder_max_batch: int = Field(8, ge=1)
-    """At most this many queued texts go into one encode. Bigger batches did not encode faster per
-    text here (onnx-int8, short queries: 4.3 ms a text in 4s, 5.0 in 16s, 5.4 in 32s, 5.8 alone, one
-    loaded run of bench/encoder_speed-style timing) and let one worker take the whole queue."""
+    encoder_max_batch: int = Field(1, ge=1)
+    """At most this many queued texts go into one encode. One: a batch pads every question to its
+    longest, and under load each worker taking the next text alone cost less CPU per lookup than
+    batches of 8 (bench/front_throughput.py, three paired rounds on a quiet machine: c32 p99
+    x0.62 / x0.62 / x0.86, lookups/s x1.10 / x1.10 / x0.95; c256 x1.00-1.06;
+    bench/results/front_throughput-max-batch-ab.jsonl)."""
     encoder_inline: bool = True
     """A lookup alone in flight, with every encoder worker idle, is encoded in the event loop itself
     (no hand-off to a worker thread and back; the loop is held for that one encode, ~2 ms for
