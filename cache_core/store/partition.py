@@ -91,11 +91,6 @@ def _text_slot(scope: str | None, key: str) -> int:
     return hash((scope or "", key))
 
 
-def _compact(index: VectorStore) -> bool:
-    """Whether entries indexed by ``index`` leave their vector to it (VectorStore.compact_entries)."""
-    return index.compact_entries
-
-
 def default_disk_dir():
     """Where a disk tier lives when no directory was configured (a cache built without
     ``Backends``, as tests build one): a directory of this process, gone with it."""
@@ -171,7 +166,7 @@ class Partition:
         for entry, vec in zip(old, vecs):
             index = self._index_for(entry.scope)
             index.add(entry.entry_id, vec)
-            entry.embedding = None if _compact(index) else vec
+            entry.embedding = None if index.compact_entries else vec
 
     def _configure_disk(self, disk_entries: int) -> None:
         if disk_entries <= 0:
@@ -396,7 +391,7 @@ class Partition:
         index.add(entry.entry_id, entry.embedding)
         if self.journal is not None:
             self.journal.record_put(self.key, entry)
-        if _compact(index):  # the store keeps the vector (fp16 or codes): the entry drops its float32 one
+        if index.compact_entries:  # the store keeps the vector (fp16 or codes): the entry drops its float32 one
             entry.embedding = None
 
     def remove(self, entry_id: str, with_vector: bool = False) -> CacheEntry | None:

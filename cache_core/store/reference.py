@@ -237,9 +237,9 @@ class CodesReference:
         """The decoded rows of ``internal_ids``, all in list ``lst``."""
         ivf, invlists = self._ivf, self._ivf.invlists
         size = invlists.list_size(lst)
-        ids = faiss.rev_swig_ptr(invlists.get_ids(lst), size) if size else np.zeros(0, dtype=np.int64)
         if size == 0:
             raise KeyError(f"internal ids not in list {lst}: {internal_ids[:5]}")
+        ids = faiss.rev_swig_ptr(invlists.get_ids(lst), size)
         if len(internal_ids) <= 4:  # one pass each (a demotion, an expiry)
             at = np.array([int(np.argmax(ids == i)) for i in internal_ids], dtype=np.int64)
         else:  # lists are in add order, not id order once rebuilt: sort once
