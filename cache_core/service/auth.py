@@ -110,7 +110,7 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """What the hot routes (lookup, chat, store) need, resolved as one dependency: FastAPI solves
+    """What the hot routes (lookup, chat) need, resolved as one dependency: FastAPI solves
     every dependency of a route on every request, with sub-dependencies and bookkeeping per hop
     (the lookup route's four, each through ``get_components``, were 0.1-0.2 ms of its event-loop CPU;
     bench/front_throughput.py)."""

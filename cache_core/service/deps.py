@@ -17,7 +17,6 @@ from cache_core.registry import ExperimentRegistry
 from cache_core.service.metrics import ServiceMetrics
 from cache_core.service.wiring import Components, Publisher
 from cache_core.settings import Settings
-from cache_core.shadow.checker import ShadowChecker
 
 
 async def get_components(request: Request) -> Components:
@@ -47,13 +46,8 @@ async def get_settings(components: ComponentsDep) -> Settings:
     return components.settings
 
 
-async def get_shadow(components: ComponentsDep) -> ShadowChecker | None:
-    return components.shadow
-
-
 CacheDep = Annotated[SemanticCache, Depends(get_cache)]
 RegistryDep = Annotated[ExperimentRegistry, Depends(get_registry)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 PublisherDep = Annotated[Publisher, Depends(get_publisher)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-ShadowDep = Annotated[ShadowChecker | None, Depends(get_shadow)]
