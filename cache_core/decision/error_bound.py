@@ -202,8 +202,14 @@ class Judged:
     of near-misses count for the four times as many lookups they stand for."""
 
     def __post_init__(self):
-        if not 0.0 < self.check_prob <= 1.0:
-            raise ValueError(f"check_prob must be in (0, 1], got {self.check_prob}")
+        _check_prob(self.check_prob)
+
+
+def _check_prob(value: float) -> float:
+    """``value`` as a check probability; ValueError outside (0, 1] (a corrupt state or message)."""
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"check_prob must be in (0, 1], got {value}")
+    return float(value)
 
 
 class VerdictBook:
@@ -344,6 +350,4 @@ def _child(window: _Window, parent_level: tuple, spread: np.ndarray, source: Thr
 def _fill(window: _Window, rows: list) -> None:
     for row in rows:  # [similarity, wrong, check_prob]; states saved before check_prob have two columns
         similarity, wrong, check_prob = (*row, 1.0) if len(row) == 2 else row
-        if not 0.0 < float(check_prob) <= 1.0:
-            raise ValueError(f"check_prob must be in (0, 1], got {check_prob}")
-        window.add(float(similarity), bool(wrong), float(check_prob))
+        window.add(float(similarity), bool(wrong), _check_prob(check_prob))
