@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None, client: httpx.Client | None = None) -> i
     from cache_core.settings import settings_or_exit
 
     parser = argparse.ArgumentParser(prog="python -m cache_core.seed", description=__doc__.splitlines()[0])
-    parser.add_argument("file", type=Path, help="JSON Lines or .csv with query and answer per record")
+    parser.add_argument("file", type=Path, help="JSON Lines, .csv or .tsv with query and answer per record")
     parser.add_argument("--url", help="cache service base URL (default: this machine's SCACHE_SERVICE__PORT)")
     parser.add_argument("--namespace", help="namespace of records that name none")
     parser.add_argument("--experiment", help="experiment of records that name none (default: the service's)")
