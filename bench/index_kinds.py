@@ -40,7 +40,8 @@ entry in a shuffled order (as stores, replicated puts and restores fill it; the 
 train do so when they reach their training size), each entry a ``CacheEntry`` with a 32-hex
 id, a distinct banking77 question (numbered) and its intent's demo answer. ``cache_bytes_per_entry``
 is the resident memory grown by all of it (texts, entry records, partition maps, the index
-with its id maps); the parts: texts and entry records by the memory their creation took, the
+with its id maps); the parts: texts by the allocated size of each entry's packed ``texts``,
+entry records by the rest of the memory their creation took (the request's strings freed), the
 index structure serialised, its reference copy, spare capacity single adds left in IVF lists
 (what compacting them gives back), id maps and partition maps by ``sys.getsizeof``, and the
 rest (allocator fragmentation from the per-entry float32 copies handed over and freed, IVF
@@ -277,6 +278,12 @@ def _cache_child(spec: IndexSpec, size: int, queries: np.ndarray, truth: tuple[n
     return measure_cache(spec, vecs, queries, truth, texts, answers)
 
 
+def _allocated(nbytes: int) -> int:
+    """What CPython's allocator takes for an object of ``nbytes``: 16-byte size classes up to
+    512 B, a malloc chunk (16 B of header, 16-byte aligned) above."""
+    return -(-nbytes // 16) * 16 if nbytes <= 512 else -(-(nbytes + 16) // 16) * 16
+
+
 def measure_cache(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray, truth: tuple[np.ndarray, np.ndarray],
                   texts: list[str], answers: list[str]) -> dict:
     """The kind as the whole cache holds it: a ``Partition`` filled one ``insert`` at a time
@@ -289,13 +296,13 @@ def measure_cache(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray, truth:
     order = np.random.default_rng(2).permutation(size)
     base = resident_bytes()
     query_texts, answer_texts = texts_for(size, texts, answers)
-    after_texts = resident_bytes()
     now = time.time()
     entries = [CacheEntry(entry_id=uuid.uuid4().hex, query=query_texts[i], embedding=None, answer=answer_texts[i],
                           created_at=now, ttl_s=3600.0, ttl_policy="absolute", max_age_s=86400.0,
                           namespace="default", intent_cluster=-1) for i in range(size)]
-    del query_texts, answer_texts
+    del query_texts, answer_texts  # the request's strings: the entries keep their texts packed
     after_entries = resident_bytes() - sys.getsizeof(entries)  # the list goes after the fill
+    after_texts = base + sum(_allocated(sys.getsizeof(e.texts)) for e in entries)
     partition = Partition(("default", "bench", "a"), DIM, spec, size + 1, 1 << 62)
     started = time.perf_counter()
     for i in order.tolist():

@@ -8,8 +8,9 @@ schema that leaves the process is ``cache_core.events``.
 """
 from __future__ import annotations
 
+import struct
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,16 +39,19 @@ class CacheEntry:
 
     Slotted, with no per-entry empty set: a store holds up to millions of these, and a
     ``__dict__`` plus an empty ``set()`` each cost 272 B of the 488 B an entry's record took
-    (tracemalloc, 10^5 entries; ``bench/index_kinds.py --cache`` measures the whole cache)."""
+    (tracemalloc, 10^5 entries; ``bench/index_kinds.py --cache`` measures the whole cache).
+    ``query`` and ``answer`` are kept as one UTF-8 ``bytes`` (``pack_texts``) and decoded
+    on read: one object header instead of two, one byte per character whatever the script
+    (a ``str`` with one non-Latin-1 character takes 2 or 4 B for every character)."""
 
     entry_id: str
-    query: str
+    query: InitVar[str]
     embedding: np.ndarray | None
     """The L2-normalised float32 query vector, or None while a store of a compressed or hashed
     kind holds the entry: that store keeps the only copy (fp16 or its codes) and gives it back,
     decoded, to whatever needs it (``Partition.vector_of``; a removed or demoted entry gets it
     back). Float kinds (flat, ivf, hnsw, milvus) keep it here."""
-    answer: str
+    answer: InitVar[str]
     created_at: float
     ttl_s: float
     ttl_policy: TtlPolicy
@@ -71,12 +75,42 @@ class CacheEntry:
 
     ttl_context: object | None = None
     """adaptive: the ``cache_core.adaptive_ttl.TtlContext`` its ttl_s was predicted from (not persisted)."""
+    texts: bytes = field(init=False, repr=False, default=b"")
+    """``query`` and ``answer`` packed (``pack_texts``); read them through the properties."""
+
+    def __post_init__(self, query: str, answer: str) -> None:
+        self.texts = pack_texts(query, answer)
 
     def expires_at(self) -> float:
         return expires_at(self)
 
     def alive(self, now: float) -> bool:
         return now < self.expires_at()
+
+
+_QUERY_LEN = struct.Struct("<I")
+
+
+def pack_texts(query: str, answer: str) -> bytes:
+    """One ``bytes`` for both texts: the query's UTF-8 length (4 B), its UTF-8, the answer's."""
+    head = query.encode()
+    return _QUERY_LEN.pack(len(head)) + head + answer.encode()
+
+
+def _query(entry: CacheEntry) -> str:
+    texts = entry.texts
+    return texts[4:4 + _QUERY_LEN.unpack_from(texts)[0]].decode()
+
+
+def _answer(entry: CacheEntry) -> str:
+    texts = entry.texts
+    return texts[4 + _QUERY_LEN.unpack_from(texts)[0]:].decode()
+
+
+# Set after the class is made: in its body the names are the constructor's InitVars (a
+# property there would be taken for their default value).
+CacheEntry.query = property(_query, doc="The question as stored (decoded from ``texts``).")  # type: ignore[assignment]
+CacheEntry.answer = property(_answer, doc="The answer as stored (decoded from ``texts``).")  # type: ignore[assignment]
 
 
 @dataclass
