@@ -86,9 +86,15 @@ def _compare_since(index: VectorStore | None, raw: list[tuple[str, float]],
     return ann_agreement(kept_raw, kept_exact[:slots])
 
 
+# A slot keeps 60 bits of the hash: an int under 2^60 is a 32 B object, one of 64 bits 48 B
+# (CPython's 30-bit digits in 16-byte size classes), and ``by_text`` holds one per entry.
+# Collisions stay ~2^-60 per pair (a miss of "the same question", never a wrong entry).
+_TEXT_SLOT_MASK = (1 << 60) - 1
+
+
 def _text_slot(scope: str | None, key: str) -> int:
     """``by_text``'s key for a scope and a ``text_key``: a hash (this process's), checked on use."""
-    return hash((scope or "", key))
+    return hash((scope or "", key)) & _TEXT_SLOT_MASK
 
 
 def default_disk_dir():

@@ -210,3 +210,14 @@ def test_same_text_lookup_survives_a_hash_collision_of_its_slot(monkeypatch):
     assert partition.existing_same_text("conversation", "q1") is None
     assert cache.store("q1", "newer", unit_id="u").reason == "updated"
     assert len(partition) == 2
+
+
+def test_text_slots_are_small_ints():
+    """A ``by_text`` key is an int under 2^60 (32 B, not the 48 B of a full 64-bit hash)."""
+    import sys
+
+    from cache_core.store.partition import _text_slot
+
+    slots = [_text_slot(scope, f"question {i}") for i in range(2000) for scope in (None, "conversation")]
+    assert all(0 <= s < 1 << 60 and sys.getsizeof(s) <= 32 for s in slots)
+    assert len(set(slots)) == len(slots)
