@@ -330,7 +330,7 @@ def measure_cache(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray, truth:
     structure = index_kinds.bytes_per_entry(ann)  # serialised: codes and list ids, graph links
     reference = index.reference_bytes_per_entry()  # fp32 / fp16 copy beside it (none for codes)
     # The id strings are the entries' own (counted with them); an internal id is one int in both maps.
-    id_maps = (sys.getsizeof(index._id_of) + sys.getsizeof(index._entry_of) + 28 * size) / size
+    id_maps = (sys.getsizeof(index._id_of) + index._entry_of.nbytes() + 28 * size) / size
     part_maps = (sys.getsizeof(partition.entries) + sys.getsizeof(partition.by_text)
                  + sum(sys.getsizeof(k) for k in partition.by_text)) / size  # by_text keys: hash ints
     held = [e.embedding for e in partition.entries.values() if e.embedding is not None]

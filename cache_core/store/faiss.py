@@ -25,6 +25,7 @@ import faiss
 import numpy as np
 
 from cache_core.store import kinds as index_kinds
+from cache_core.store.id_names import InternalNames
 from cache_core.store.reference import CodesReference, FlatReference
 from cache_core.experiments import ArmConfig, IndexKind
 
@@ -101,7 +102,7 @@ class VectorIndex:
         self._tombstones: set[int] = set()
         self._next_id = 0
         self._id_of: dict[str, int] = {}
-        self._entry_of: dict[int, str] = {}
+        self._entry_of = InternalNames()  # a list, not a dict: internal ids only grow
         self.rebuilds = 0
         if self._traits.train_size == 0:
             self._ann = index_kinds.build(spec, dim)
@@ -152,7 +153,7 @@ class VectorIndex:
         internal = self._next_id
         self._next_id += 1
         self._id_of[entry_id] = internal
-        self._entry_of[internal] = entry_id
+        self._entry_of.add(internal, entry_id)
         self._store(_as_matrix(vec), np.array([internal], dtype=np.int64))
 
     def add_many(self, entry_ids: list[str], vecs: np.ndarray) -> None:
@@ -161,9 +162,9 @@ class VectorIndex:
             raise ValueError("add_many takes new, distinct entry ids; use add to replace")
         ids = np.arange(self._next_id, self._next_id + len(entry_ids), dtype=np.int64)
         self._next_id += len(entry_ids)
-        for entry_id, internal in zip(entry_ids, ids.tolist()):  # one int object for both maps
+        for entry_id, internal in zip(entry_ids, ids.tolist()):
             self._id_of[entry_id] = internal
-            self._entry_of[internal] = entry_id
+            self._entry_of.add(internal, entry_id)
         self._store(np.ascontiguousarray(np.asarray(vecs, dtype=np.float32)), ids)
 
     def remove(self, entry_id: str) -> bool:
@@ -171,7 +172,7 @@ class VectorIndex:
         internal = self._id_of.pop(entry_id, None)
         if internal is None:
             return False
-        del self._entry_of[internal]
+        self._entry_of.pop(internal)
         ids = np.array([internal], dtype=np.int64)
         if self._reference.owns_rows:
             self._reference.remove(ids)
