@@ -41,7 +41,8 @@ train do so when they reach their training size), each entry a ``CacheEntry`` wi
 id, a distinct banking77 question (numbered) and its intent's demo answer. ``cache_bytes_per_entry``
 is the resident memory grown by all of it (texts, entry records, partition maps, the index
 with its id maps); the parts: texts by the allocated size of each entry's packed ``texts``,
-entry records by the rest of the memory their creation took (the request's strings freed), the
+entry records by the rest of the memory their creation took (each entry made from its own
+request strings, dropped once packed), the
 index structure serialised, its reference copy, spare capacity single adds left in IVF lists
 (what compacting them gives back), id maps and partition maps by ``sys.getsizeof``, and the
 rest (allocator fragmentation from the per-entry float32 copies handed over and freed, IVF
@@ -249,11 +250,10 @@ def measure_store(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray,
     return row
 
 
-def texts_for(size: int, texts: list[str], answers: list[str]) -> tuple[list[str], list[str]]:
-    """Per entry, a distinct query (a banking77 train text, numbered) and its intent's demo
+def text_pair(i: int, texts: list[str], answers: list[str]) -> tuple[str, str]:
+    """Entry ``i``'s distinct query (a banking77 train text, numbered) and its intent's demo
     answer, each its own string object as a request's JSON decodes it."""
-    return ([f"{texts[i % len(texts)]} #{i}" for i in range(size)],
-            [(answers[i % len(texts)] + " ")[:-1] for i in range(size)])
+    return f"{texts[i % len(texts)]} #{i}", (answers[i % len(texts)] + " ")[:-1]
 
 
 def cache_in_child(spec: IndexSpec, size: int, queries: np.ndarray,
@@ -295,12 +295,13 @@ def measure_cache(spec: IndexSpec, vecs: np.ndarray, queries: np.ndarray, truth:
     size = len(vecs)
     order = np.random.default_rng(2).permutation(size)
     base = resident_bytes()
-    query_texts, answer_texts = texts_for(size, texts, answers)
     now = time.time()
-    entries = [CacheEntry(entry_id=uuid.uuid4().hex, query=query_texts[i], embedding=None, answer=answer_texts[i],
-                          created_at=now, ttl_s=3600.0, ttl_policy="absolute", max_age_s=86400.0,
-                          namespace="default", intent_cluster=-1) for i in range(size)]
-    del query_texts, answer_texts  # the request's strings: the entries keep their texts packed
+    entries = []
+    for i in range(size):  # a request's strings, dropped once the entry has packed them
+        query, answer = text_pair(i, texts, answers)
+        entries.append(CacheEntry(entry_id=uuid.uuid4().hex, query=query, embedding=None, answer=answer,
+                                  created_at=now, ttl_s=3600.0, ttl_policy="absolute", max_age_s=86400.0,
+                                  namespace="default", intent_cluster=-1))
     after_entries = resident_bytes() - sys.getsizeof(entries)  # the list goes after the fill
     after_texts = base + sum(_allocated(sys.getsizeof(e.texts)) for e in entries)
     partition = Partition(("default", "bench", "a"), DIM, spec, size + 1, 1 << 62)
