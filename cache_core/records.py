@@ -9,12 +9,12 @@ schema that leaves the process is ``cache_core.events``.
 from __future__ import annotations
 
 import struct
-import uuid
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cache_core.ids import new_id
 from cache_core.publish.event_worker import PendingEvent
 from cache_core.events import CacheEvent
 from cache_core.experiments import ExperimentConfig, TtlPolicy, Variant
@@ -261,7 +261,7 @@ class Request:
     started: float
     """perf_counter() when the request arrived."""
     variant: Variant = "base"
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=new_id)
     embed_cached: bool = False
     """The embedding came from the embedding cache (the encoder did not run)."""
     embed_saved_ms: float = 0.0

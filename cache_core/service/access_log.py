@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 
+from cache_core.ids import new_id
 from cache_core.logs import request_id
 from cache_core.tracing import OFF, Tracing, annotate
 
@@ -34,7 +34,7 @@ def incoming_id(headers: list[tuple[bytes, bytes]]) -> str:
     for name, value in headers:
         if name.lower() == HEADER and _USABLE.match(value):
             return value.decode()
-    return uuid.uuid4().hex
+    return new_id()
 
 
 class AccessLog:
