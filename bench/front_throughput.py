@@ -161,7 +161,11 @@ def serve(port: int, entries: int, backend: str, profile: Path | None, stalls_to
     from cache_core.store.faiss import set_search_threads
 
     settings = Settings(service={"open_access": True})
-    configure_logging(settings.log_level, settings.log_format)
+    # as python -m cache_core.service sets it up (a build from before background logging takes no argument)
+    if "background" in inspect.signature(configure_logging).parameters:
+        configure_logging(settings.log_level, settings.log_format, background=True)
+    else:
+        configure_logging(settings.log_level, settings.log_format)
     embedder = load_embedder(CacheSettings(encoder_backend=backend))
     texts, answers, vectors = corpus_vectors(embedder, entries)
     stalls = StallRecorder(stalls_to)

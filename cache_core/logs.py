@@ -1,11 +1,14 @@
 """Structured logging: one JSON object per line (or readable console lines)."""
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
 import sys
 import time
 from contextvars import ContextVar
+from queue import SimpleQueue
 
 _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
@@ -57,10 +60,45 @@ class ConsoleFormatter(logging.Formatter):
         return text
 
 
-def configure_logging(level: str = "INFO", fmt: str = "console") -> None:
-    """Idempotent root-logger setup for every scache process."""
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands records to ``configure_logging``'s writer thread: the request id is stamped here (it is a
+    context variable of this thread), the message is rendered (its arguments may change later), and the
+    formatting and the write happen in the writer thread."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg, record.args = record.getMessage(), None
+        return record
+
+
+_writer: logging.handlers.QueueListener | None = None
+
+
+def stop_background_writer() -> None:
+    """Writes what is queued and stops the writer thread (at exit, or before a new setup)."""
+    global _writer
+    if _writer is not None:
+        _writer.stop()
+        _writer = None
+
+
+def configure_logging(level: str = "INFO", fmt: str = "console", background: bool = False) -> None:
+    """Idempotent root-logger setup for every scache process.
+
+    ``background`` (the HTTP service): lines are formatted and written by a thread of their own, so an
+    event loop never formats a line or waits on the write (a write releases the GIL, and the loop then
+    waits for it behind the encoder threads; the access log's line was the costliest such wait on the
+    loop in bench/front_throughput.py's profile). Lines still queued at exit are written then (atexit);
+    a killed process loses them."""
+    global _writer
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    stop_background_writer()
+    if background:
+        queue: SimpleQueue = SimpleQueue()
+        _writer = logging.handlers.QueueListener(queue, handler)
+        _writer.start()
+        atexit.register(stop_background_writer)
+        handler = _Enqueue(queue)
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from cache_core.settings import settings_or_exit
 
     settings = settings_or_exit("cache_core.service")  # a bad SCACHE_* value: one line, exit 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, background=True)
     instance_id = args.instance_id or f"{socket.gethostname()}:{settings.service.port}"
     spool_dir = args.spool_dir or scache_home() / "spool" / f"cache-{settings.service.port}"
     return serve(settings, instance_id, spool_dir)

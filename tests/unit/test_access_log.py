@@ -2,6 +2,7 @@
 echoed in the response), the decision's id for lookups, and the id on every log line of the request."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -66,3 +67,23 @@ def test_every_log_line_of_a_request_carries_its_id():
     outside = logging.makeLogRecord({"msg": "m"})
     RequestIdFilter().filter(outside)
     assert not hasattr(outside, "request_id")
+
+
+def test_background_logging_writes_in_its_own_thread_with_the_request_id(capfd):
+    from cache_core.logs import stop_background_writer, configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    configure_logging("INFO", "json", background=True)
+    try:
+        token = request_id.set("http-9")
+        try:
+            logging.getLogger("scache.test").info("line %d", 1, extra={"k": "v"})
+        finally:
+            request_id.reset(token)
+        stop_background_writer()  # what exit does: the queued lines are written
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    line = json.loads(capfd.readouterr().err.strip().splitlines()[-1])
+    assert line["msg"] == "line 1" and line["k"] == "v" and line["request_id"] == "http-9"
