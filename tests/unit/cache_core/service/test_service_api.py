@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from cache_core.events import CacheEvent
 from cache_core.service.app import create_app
+from cache_core.service.schemas import LookupResponse
 from cache_core.service.wiring import build_components
 from cache_core.settings import Settings
 from tests.unit.cache_core.helpers import RecordingPublisher
@@ -37,6 +38,21 @@ def test_store_then_paraphrase_hits_and_event_is_published(api):
     event = api.publisher.events[-1]
     assert isinstance(event, CacheEvent) and event.request_id == body["request_id"]
     assert event.embedding_l2_norm > 0 and event.arm == body["arm"]
+
+
+def test_lookup_answers_exactly_the_lookup_response_model(api):
+    # the route writes its JSON itself (routes/lookup.response_body), not through the response_model
+    api.post("/v1/store", json={"query": "How do I reset my password?", "answer": "Use the reset link.",
+                                "unit_id": "user-1", "provenance": {"source": "kb"}})
+    for query in ("how can I reset my password", "what is the weather on Mars"):
+        looked = api.post("/v1/lookup", json={"query": query, "unit_id": "user-1"})
+        assert looked.status_code == 200 and looked.headers["content-type"] == "application/json"
+        body = looked.json()
+        assert set(body) == set(LookupResponse.model_fields)
+        assert LookupResponse.model_validate(body).model_dump(mode="json") == body
+        assert looked.headers["x-scache-request-id"] == body["request_id"]
+    assert LookupResponse.model_validate(api.post("/v1/lookup", json={
+        "query": "how can I reset my password", "unit_id": "user-1"}).json()).provenance.version == ""
 
 
 def test_feedback_is_published(api):
