@@ -44,6 +44,7 @@ from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
                                              artifact_name)
 from cache_core.decision.judge_pairs_file import Pair, PairsError, read_pairs_file
+from cache_core.decision.judge_verdicts import WarehouseUnavailable, training_pairs
 
 log = logging.getLogger("cache_core.decision.judge_train")
 
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         artifact_name(version)
         own = _own_pairs(args.pairs, args.max_pairs, args.seed) if args.pairs else []
         if args.warehouse:
-            own += _warehouse_pairs(get_settings().clickhouse, args.days)
+            own += training_pairs(get_settings().clickhouse, args.days)
         from cache_core.decision.judge_shared_pairs import shared_pairs
         settings = get_settings().cache
         encode, tokens = _encoders(settings)
@@ -459,26 +460,6 @@ def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
         if len({p[2] for p in pairs}) < 2:
             raise PairsError(f"{path}: a sample of {max_pairs} pairs holds one label only; raise --max-pairs")
     return pairs
-
-
-class WarehouseUnavailable(RuntimeError):
-    """The warehouse could not be read (not reachable, or an older schema)."""
-
-
-def _warehouse_pairs(ch_settings, days: int) -> list[Pair]:
-    from cache_core.decision.judge_verdicts import warehouse_pairs
-
-    try:
-        found = warehouse_pairs(ch_settings, days)
-    except Exception as exc:  # the client's own errors: connection refused, unknown column, ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WarehouseUnavailable(f"cannot read verdicts from {ch_settings.url}: {first}") from None
-    log.info("warehouse: %d verdict pairs (%s), %d verdicts without question texts", len(found.pairs),
-             found.by_source, found.without_text)
-    if found.without_text and not found.pairs:
-        raise WarehouseUnavailable(f"{found.without_text} verdicts in the last {days} days, none with question "
-                                   "texts: run the replicas with SCACHE_CACHE__EMIT_QUERY_TEXT=true")
-    return found.pairs
 
 
 def _encoders(settings):

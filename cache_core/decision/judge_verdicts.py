@@ -14,7 +14,10 @@ answer the user actually saw).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 # Only events that name both questions are read and grouped: a verdict whose event does not (or
 # that has none) finds no match in the LEFT JOIN and is counted as without text all the same.
@@ -76,3 +79,23 @@ def warehouse_pairs(ch_settings, days: int) -> WarehousePairs:
     finally:
         client.close()
     return pairs_from_rows(rows)
+
+
+class WarehouseUnavailable(RuntimeError):
+    """The warehouse could not be read (not reachable, or an older schema)."""
+
+
+def training_pairs(ch_settings, days: int) -> list[tuple[str, str, int]]:
+    """``warehouse_pairs`` for ``judge_train --warehouse``: an unreachable warehouse, or verdicts
+    without question texts, raise ``WarehouseUnavailable`` with a one-line reason."""
+    try:
+        found = warehouse_pairs(ch_settings, days)
+    except Exception as exc:  # the client's own errors: connection refused, unknown column, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WarehouseUnavailable(f"cannot read verdicts from {ch_settings.url}: {first}") from None
+    log.info("warehouse: %d verdict pairs (%s), %d verdicts without question texts", len(found.pairs),
+             found.by_source, found.without_text)
+    if found.without_text and not found.pairs:
+        raise WarehouseUnavailable(f"{found.without_text} verdicts in the last {days} days, none with question "
+                                   "texts: run the replicas with SCACHE_CACHE__EMIT_QUERY_TEXT=true")
+    return found.pairs
