@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cache_core.decision.judge_feature_store import FeatureStore
 from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
                                              artifact_name)
@@ -170,18 +171,25 @@ def split(n: int, y: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, n
 
 def train(own: Sequence[Pair], extra: Sequence[Pair], encode, tokens: TokenEncoder, *, version: str,
           encoder: str, seed: int = 0, holdout: float = 0.2, blend: str | None = DEFAULT_BLEND,
-          extra_sources: Sequence[str] | None = None, folds: int = DEFAULT_FOLDS) -> JudgeArtifact:
+          extra_sources: Sequence[str] | None = None, folds: int = DEFAULT_FOLDS,
+          store: FeatureStore | None = None) -> JudgeArtifact:
     """A judge from ``own`` pairs (the user's domain) and ``extra`` ones (public sets).
 
     With own pairs: cross-fitted over ``folds`` folds of them (``fit_with_own_labels``; one
     fold or too few pairs: a ``holdout`` split). Without: trees on a split of ``extra``,
-    operating points per source when ``extra_sources`` names each row's source."""
+    operating points per source when ``extra_sources`` names each row's source. ``store``
+    keeps each feature matrix for the next run."""
     started = time.monotonic()
+
+    def features(pairs: Sequence[Pair]) -> np.ndarray:
+        compute = lambda rows: featurise(list(rows), encode, tokens)  # noqa: E731
+        return store.features(pairs, compute) if store else compute(pairs)
+
     extra_y = np.array([p[2] for p in extra], dtype=int)
-    X_extra = featurise(list(extra), encode, tokens) if extra else np.empty((0, len(FEATURE_NAMES)))
+    X_extra = features(extra) if extra else np.empty((0, len(FEATURE_NAMES)))
     if own:
         y_own = np.array([p[2] for p in own], dtype=int)
-        artifact = fit_with_own_labels(featurise(list(own), encode, tokens), y_own, X_extra, extra_y,
+        artifact = fit_with_own_labels(features(own), y_own, X_extra, extra_y,
                                        version=version, encoder=encoder, seed=seed, blend=blend, folds=folds,
                                        holdout=holdout)
     else:
@@ -401,6 +409,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="combine the trees' score with the cosine's percentile (default: %(default)s: "
                         "chosen on the held-out rows of your own pairs, min on public sets alone; "
                         "none: trees alone)")
+    p.add_argument("--no-feature-cache", action="store_true",
+                   help="compute every pair's features afresh (default: reuse those of an earlier run on the "
+                        "same pairs, kept under $SCACHE_HOME/judge-features)")
     return p
 
 
@@ -436,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("training judge %s on %d own + %d shared pairs", version, len(own), len(extra))
     artifact = train(own, extra, encode, tokens, version=version, encoder=settings.model, seed=args.seed,
                      holdout=args.holdout, blend=None if args.blend == "none" else args.blend, folds=args.folds,
-                     extra_sources=sources)
+                     extra_sources=sources, store=_feature_store(settings, args.no_feature_cache))
     out = args.out or Path(settings.judge_dir)
     path = artifact.save(out)
     (out / f"judge-{version}.report.json").write_text(json.dumps(artifact.report, indent=1))
@@ -460,6 +471,14 @@ def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
         if len({p[2] for p in pairs}) < 2:
             raise PairsError(f"{path}: a sample of {max_pairs} pairs holds one label only; raise --max-pairs")
     return pairs
+
+
+def _feature_store(settings, disabled: bool) -> FeatureStore | None:
+    from cache_core.runtime import scache_home
+
+    if disabled:
+        return None
+    return FeatureStore(scache_home() / "judge-features", f"{settings.model}|{settings.encoder_backend}")
 
 
 def _encoders(settings):
