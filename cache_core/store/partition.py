@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from itertools import islice
 
 import numpy as np
 
@@ -445,7 +446,8 @@ class Partition:
 
     def drop_expired_lru(self, now: float) -> int:
         """The eviction a novel query triggers: expired entries near the LRU end."""
-        victims = [e.entry_id for e in list(self.entries.values())[:EVICTION_SCAN] if not e.alive(now)]
+        # islice, not list(values())[:n]: that copied every entry's pointer (8 MB and ~5 ms at 10^6) per call
+        victims = [e.entry_id for e in islice(self.entries.values(), EVICTION_SCAN) if not e.alive(now)]
         for entry_id in victims:
             self.remove(entry_id)
         self.expirations += len(victims)

@@ -221,3 +221,16 @@ def test_text_slots_are_small_ints():
     slots = [_text_slot(scope, f"question {i}") for i in range(2000) for scope in (None, "conversation")]
     assert all(0 <= s < 1 << 60 and sys.getsizeof(s) <= 32 for s in slots)
     assert len(set(slots)) == len(slots)
+
+
+def test_drop_expired_lru_looks_only_at_the_lru_end():
+    """Expired entries within ``EVICTION_SCAN`` of the LRU end go; one further in stays."""
+    from cache_core.store.partition import EVICTION_SCAN
+
+    cache, clock = make("flat")
+    fill(cache, EVICTION_SCAN + 2)
+    [partition] = cache.partitions()
+    order = list(partition.entries)
+    clock.advance(10 ** 7)  # every entry expired
+    assert partition.drop_expired_lru(clock()) == EVICTION_SCAN
+    assert list(partition.entries) == order[EVICTION_SCAN:]
