@@ -2,10 +2,10 @@
 
 ``uuid.uuid4()`` reads 16 bytes from ``os.urandom`` on every call, and ``os.urandom`` releases the GIL
 around its system call. On the event loop that release is where an encoder thread (which wants the GIL
-after each encode) takes it, and the loop then waits for it to be handed back: at concurrency 32 the
-two ids of a lookup (the access log's and the decision's) were ~0.6 ms of the loop's wall time per
-request in bench/front_throughput.py's profile, for 6 us of CPU. Here the bytes are read 4 KiB at a
-time (one release per 256 ids) and are as unpredictable as uuid4's.
+after each encode) takes it, and the loop then waits for it to be handed back: the two ids of a
+lookup (the access log's and the decision's) were ~0.3 ms of the loop's wall time per request in a
+wall-clock profile of bench/front_throughput.py (concurrency 1 and 32), for a few microseconds of CPU.
+Here the bytes are read 4 KiB at a time (one release per 256 ids) and are as unpredictable as uuid4's.
 """
 from __future__ import annotations
 
