@@ -23,6 +23,17 @@ than none: every lookup is decided by its entry's or cluster's own curve once th
   arm's while the cluster has fewer than ``POPULATION_MIN``). A smooth, monotone curve cannot
   be blocked by one wrong verdict at the top of the range, as the staircase was.
 * **Nothing safe.** A level whose bound passes no θ serves nothing (``NOTHING_SAFE``).
+* **The audit** (``audit: true``, the default; cache_core.decision.error_evidence). The curves
+  choose where each level cuts; evidence decides how far to trust them. Every cut rises by one
+  margin per arm, the lowest m >= 0 at which the verdicts at or above cut + m have a one-sided
+  Clopper–Pearson bound (``confidence``, Kish effective count) at most δ: none certifies, nothing
+  is served. Each verdict is measured against the cut its cluster had *before* it arrived (out of
+  sample: measured against cuts fitted on the same verdicts, the clusters whose few verdicts were
+  right by luck get the low cuts and then vouch for them), and counts for m only if every lookup at
+  cut + m was checkable then (at or above its threshold minus the near-miss band). A level whose
+  own verdicts show δ broken (lower bound above it) is raised, which a monotone curve cannot do
+  for wrong answers at the top; an entry goes below its cluster only as far as its own verdicts
+  certify (it never did on a verdict or two). ``audit: false``: the curves' cuts alone.
 
 **staircase** (the first design, kept as the bench's reference).
 
@@ -77,10 +88,11 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy.stats import beta, norm
+from scipy.stats import norm
 
-from cache_core.decision import error_curves
+from cache_core.decision import error_curves, error_evidence
 from cache_core.decision.error_curves import ARM_PRIOR, CLUSTER_SPREAD, ENTRY_SPREAD
+from cache_core.decision.error_evidence import wrong_upper_bound
 from cache_core.experiments import ErrorBoundedThresholds
 
 ThresholdSource = Literal["entry", "cluster", "arm", "static"]
@@ -98,14 +110,6 @@ REFIT_SHARE = 0.02
 POPULATION_MIN = 20
 """Curves estimator: a cluster's thresholds average over its own verdicts' similarities once it has
 this many, over the arm's before."""
-
-
-@lru_cache(maxsize=65_536)
-def wrong_upper_bound(wrong: int, n: int, confidence: float) -> float:
-    """One-sided Clopper–Pearson upper bound on the wrong share, ``wrong`` of ``n`` verdicts."""
-    if n <= 0 or wrong >= n:
-        return 1.0
-    return float(beta.ppf(confidence, wrong + 1, n - wrong))
 
 
 @lru_cache(maxsize=64)
@@ -147,6 +151,9 @@ class _Window:
     """Verdicts ever added (keys the curves fitted from this window)."""
     curve: tuple | None = None  # curves estimator: (key, Curve)
     bound: tuple | None = None  # curves estimator: (key, policy, threshold)
+    evidence: tuple | None = None  # curves estimator: ((key, policy), cut its own verdicts certify)
+    unsafe: tuple | None = None  # curves estimator: ((key, policy), cuts from which they show δ broken)
+    cut: tuple | None = None  # curves estimator, clusters: (policy, its last cut before the margin)
 
     def add(self, similarity: float, wrong: bool, check_prob: float = 1.0) -> None:
         self.verdicts.append((similarity, wrong, check_prob))
@@ -182,6 +189,14 @@ class _ArmVerdicts:
         self.fitted_at = -1
         """``arm.added`` when the arm's curve was last fitted."""
         self.population = (np.zeros(0), np.zeros(0))
+        self.margin: tuple | None = None
+        """Curves estimator: ((generation, policy), the audit's margin) (``_margin``)."""
+        self.audit: deque = deque(maxlen=ARM_WINDOW)
+        """Curves estimator: (margin, wrong, check_prob, edge) per verdict, out of sample (``_audited``)."""
+        self.audit_policy: ErrorBoundedThresholds | None = None
+        """The policy whose cuts the audit's margins were measured against (None: loaded, any)."""
+        self.cut: tuple | None = None
+        """Curves estimator: (policy, the arm's last cut), for verdicts of clusters without one."""
         """The arm's verdict similarities and weights at that fit (the lookups its thresholds average over)."""
 
 
@@ -232,6 +247,7 @@ class VerdictBook:
             arm.entries[judged.entry_id] = entry  # most recently judged last
             while len(arm.entries) > ENTRIES_REMEMBERED:
                 arm.entries.popitem(last=False)
+            _audited(arm, arm.clusters.get(judged.cluster), judged)
             cluster = arm.clusters.setdefault(judged.cluster, _Window(CLUSTER_WINDOW))
             for window in (entry, cluster, arm.arm):
                 window.add(float(judged.similarity), bool(judged.wrong), float(judged.check_prob))
@@ -275,7 +291,8 @@ class VerdictBook:
         with self._lock:
             return {"arms": [{"experiment_id": exp, "arm": name, "arm_verdicts": rows(v.arm),
                               "clusters": {str(c): rows(w) for c, w in v.clusters.items()},
-                              "entries": {e: rows(w) for e, w in v.entries.items()}}
+                              "entries": {e: rows(w) for e, w in v.entries.items()},
+                              "audit": [[round(m, 6), int(w), p, round(e, 6)] for m, w, p, e in v.audit]}
                              for (exp, name), v in self._arms.items()]}
 
     def load_state(self, state: dict) -> None:
@@ -289,6 +306,8 @@ class VerdictBook:
                 _fill(verdicts.clusters.setdefault(int(cluster), _Window(CLUSTER_WINDOW)), rows)
             for entry_id, rows in item["entries"].items():
                 _fill(verdicts.entries.setdefault(str(entry_id), _Window(ENTRY_WINDOW)), rows)
+            for margin, wrong, check_prob, edge in item.get("audit", []):  # states saved before the audit: none
+                verdicts.audit.append((float(margin), float(bool(wrong)), _check_prob(check_prob), float(edge)))
             arms[(str(item["experiment_id"]), str(item["arm"]))] = verdicts
         with self._lock:
             self._arms = arms
@@ -297,43 +316,156 @@ class VerdictBook:
 def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, entry_id: str, cluster: int,
                       static: float) -> tuple[float, ThresholdSource]:
     """The ``curves`` estimator (cache_core.decision.error_curves): the arm decides once it holds
-    ``policy.verdicts_needed`` verdicts; then every candidate gets the threshold of the most specific
-    level that has verdicts of its own (an entry's, else its cluster's, else the arm's curve: a level
-    without verdicts has its parent's curve, so its threshold too). Curves and thresholds are cached
-    per level and refitted when the level or its parent changed; the arm's curve is refitted after
-    every ``REFIT_SHARE`` of its window in new verdicts (one Newton fit over up to ``ARM_WINDOW``)."""
+    ``policy.verdicts_needed`` verdicts and its audit (``_margin``) can test them; then a candidate's
+    threshold is its level's cut (``_level_cut``) raised by the arm's margin. Curves and cuts are
+    cached per level and refitted when the level or its parent changed; the arm's curve and margin
+    after every ``REFIT_SHARE`` of its window in new verdicts (one Newton fit and one audit, each over
+    up to ``ARM_WINDOW`` verdicts)."""
     arm = verdicts.arm
     if len(arm.verdicts) < policy.verdicts_needed:
         return static, "static"
     if verdicts.fitted_at < 0 or arm.added - verdicts.fitted_at >= max(1, int(REFIT_SHARE * len(arm.verdicts))):
-        sims, wrong, weights = arm.arrays()
-        last = None if arm.curve is None else arm.curve[1].mean
-        arm.curve = ((verdicts.generation + 1,),
-                     error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov), last, weights))
-        verdicts.generation, verdicts.fitted_at = verdicts.generation + 1, arm.added
-        verdicts.population = (sims, weights)
+        _refit_arm(verdicts)
+    cut, source = _level_cut(verdicts, policy, cluster, entry_id)
+    if not policy.audit:
+        return cut, source
+    margin = _margin(verdicts, policy)
+    if margin is None:  # what the cuts would serve has too few verdicts behind it to certify δ
+        return NOTHING_SAFE, source
+    return min(cut + margin, NOTHING_SAFE), source
+
+
+def _level_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, cluster: int,
+               entry_id: str | None) -> tuple[float, ThresholdSource]:
+    """A candidate's cut before the arm's margin, and which level set it: its cluster's curve's cut
+    (the arm's if the cluster has no verdicts), raised past where the cluster's own verdicts show δ
+    broken (``_raised``); then its entry's, raised the same way but lowered only as far as the entry's
+    own verdicts certify (``_lowered``)."""
     z = _quantile(policy.confidence)
-    arm_key, arm_curve = arm.curve
-    levels = [(arm, arm_key, arm_curve, None, "arm")]
+    arm = verdicts.arm
+    arm_level = (arm, *arm.curve, None, "arm")
+    arm_cut = _curve_cut(verdicts, *arm_level[:4], None, policy, z)
     cluster_window = verdicts.clusters.get(cluster)
-    if cluster_window is not None:
-        levels.append(_child(cluster_window, levels[-1], CLUSTER_SPREAD, "cluster"))
-        entry_window = verdicts.entries.get(entry_id)
-        if entry_window is not None:
-            levels.append(_child(entry_window, levels[-1], ENTRY_SPREAD, "entry"))
-    window, key, curve, parent, source = levels[-1]
-    own_population = cluster_window is not None and len(cluster_window.verdicts) >= POPULATION_MIN
-    bound_key = (key, (cluster_window.added,) if own_population else arm_key, policy)
+    verdicts.cut = (policy, arm_cut)
+    if cluster_window is None:
+        return arm_cut, "arm"
+    population = cluster_window if len(cluster_window.verdicts) >= POPULATION_MIN else None
+    cluster_level = _child(cluster_window, arm_level, CLUSTER_SPREAD, "cluster")
+    value = _curve_cut(verdicts, *cluster_level[:4], population, policy, z)
+    if policy.audit:
+        value = _raised(cluster_window, policy, value)
+    cluster_window.cut = (policy, value)  # the audit measures the next verdicts against it
+    entry_window = verdicts.entries.get(entry_id) if entry_id is not None else None
+    if entry_window is None:
+        return value, "cluster"
+    entry_level = _child(entry_window, cluster_level, ENTRY_SPREAD, "entry")
+    cut = _curve_cut(verdicts, *entry_level[:4], population, policy, z)
+    if not policy.audit:  # the curves alone: the entry's own curve's cut
+        return cut, "entry"
+    cut = _raised(entry_window, policy, cut)
+    lowered = _lowered(value, cut, _evidence_cut(entry_window, policy))
+    return lowered, ("cluster" if lowered == value else "entry")
+
+
+def _lowered(parent: float, cut: float, evidence: float | None) -> float:
+    """An entry's cut given its cluster's: never below its own curve's ``cut`` (an entry whose curve
+    says it is worse is stricter, which needs no certificate), and below its cluster's only as far as
+    its *own* verdicts certify δ (``evidence``; None: too few to test). Its curve alone, shrunk toward
+    its cluster's, would lower it on a verdict or two, which the audit (over the clusters' cuts) does
+    not see."""
+    own = NOTHING_SAFE if evidence is None else evidence
+    return max(cut, min(parent, own))
+
+
+def _margin(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds) -> float | None:
+    """The arm's audit: how far every cut must rise for the lookups served to keep δ, with
+    ``policy.confidence``, on verdicts the cuts had not seen (module docstring). Each verdict's
+    ``margin`` is its similarity minus the cut its cluster had when it arrived (``_audited``), and
+    error_evidence.audited_margin finds the lowest m >= 0 whose verdicts (margin >= m, from times
+    when all of them were checkable) certify δ; ``NOTHING_SAFE`` if none, None if too few effective
+    verdicts to test any. Cached per arm refit."""
+    key = (verdicts.generation, policy)
+    if verdicts.margin is not None and verdicts.margin[0] == key:
+        return verdicts.margin[1]
+    value = None
+    if verdicts.audit and verdicts.audit_policy in (None, policy):
+        data = np.array(verdicts.audit, dtype=np.float64)
+        value = error_evidence.audited_margin(data[:, 0], data[:, 1], 1.0 / data[:, 2], data[:, 3], policy.delta,
+                                              policy.confidence, policy.verdicts_needed, policy.step,
+                                              1.0 - policy.floor, NOTHING_SAFE)
+    verdicts.margin = (key, value)
+    return value
+
+
+def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> None:
+    """Keep ``judged`` for the audit, measured against the cut its cluster (the arm's, for a cluster
+    without one yet) was last given: computed before this verdict arrived, so the audit is out of
+    sample. Judged against cuts fitted on the same verdicts, the clusters whose few verdicts happened
+    to be right get the low cuts and then vouch for them (bench.error_bound at δ = 0.02: 2.5-2.7%
+    wrong where δ was 2%). Not before any cut (the arm has not decided yet)."""
+    last = window.cut if window is not None and window.cut is not None else verdicts.cut
+    if last is None:
+        return
+    policy, cut = last
+    if verdicts.audit_policy not in (None, policy):  # another δ or confidence: another audit
+        verdicts.audit.clear()
+    verdicts.audit_policy = policy
+    if cut < NOTHING_SAFE:
+        margin = verdicts.margin[1] if verdicts.margin is not None and verdicts.margin[0][1] == policy else None
+        # Its threshold in force, as a margin over the cut: which margins its time could check.
+        edge = NOTHING_SAFE - cut if margin is None else min(margin, NOTHING_SAFE - cut)
+        verdicts.audit.append((float(judged.similarity) - cut, float(judged.wrong), float(judged.check_prob), edge))
+
+
+def _refit_arm(verdicts: _ArmVerdicts) -> None:
+    """Refit the arm's curve (warm-started) and snapshot the population its cuts average over."""
+    arm = verdicts.arm
+    sims, wrong, weights = arm.arrays()
+    last = None if arm.curve is None else arm.curve[1].mean
+    arm.curve = ((verdicts.generation + 1,),
+                 error_curves.fit(sims, wrong, (ARM_PRIOR.mean, ARM_PRIOR.cov), last, weights))
+    verdicts.generation, verdicts.fitted_at = verdicts.generation + 1, arm.added
+    verdicts.population = (sims, weights)
+
+
+def _curve_cut(verdicts: _ArmVerdicts, window: _Window, key: tuple, curve, parent, population: _Window | None,
+               policy: ErrorBoundedThresholds, z: float) -> float:
+    """The lowest cut at which the mean of a level's curve bound over ``population``'s verdicts (the
+    cluster's; None: the arm's) is at most δ (error_curves.served_error_threshold), cached."""
+    arm_key = verdicts.arm.curve[0]
+    bound_key = (key, (population.added,) if population is not None else arm_key, policy)
     if window.bound is None or window.bound[0] != bound_key:
-        if own_population:
-            population, _, weights = cluster_window.arrays()
+        if population is not None:
+            sims, _, weights = population.arrays()
         else:
-            population, weights = verdicts.population
+            sims, weights = verdicts.population
         value = error_curves.served_error_threshold(
-            lambda s: error_curves.upper(curve, s, z, parent), population, policy.delta, policy.floor,
+            lambda s: error_curves.upper(curve, s, z, parent), sims, policy.delta, policy.floor,
             policy.step, NOTHING_SAFE, weights)
         window.bound = (bound_key, value)
-    return window.bound[1], source
+    return window.bound[1]
+
+
+def _evidence_cut(window: _Window, policy: ErrorBoundedThresholds) -> float | None:
+    """The lowest cut a level's own verdicts certify (error_evidence.evidence_threshold), cached."""
+    key = window.added
+    if window.evidence is None or window.evidence[0] != (key, policy):
+        sims, wrong, weights = window.arrays()
+        lowest = max(policy.floor, float(sims.min())) if len(sims) else policy.floor  # no extrapolation
+        value = error_evidence.evidence_threshold(sims, wrong, weights, policy.delta, policy.confidence,
+                                                  policy.verdicts_needed, lowest, policy.step, NOTHING_SAFE)
+        window.evidence = ((key, policy), value)
+    return window.evidence[1]
+
+
+def _raised(window: _Window, policy: ErrorBoundedThresholds, cut: float) -> float:
+    """``cut``, raised past the cuts from which the level's own verdicts show δ broken
+    (error_evidence.unsafe_cuts, cached per window)."""
+    if window.unsafe is None or window.unsafe[0] != (window.added, policy):
+        sims, wrong, weights = window.arrays()
+        window.unsafe = ((window.added, policy),
+                         error_evidence.unsafe_cuts(sims, wrong, weights, policy.delta, policy.confidence, policy.step))
+    return error_evidence.raised_past_unsafe(cut, window.unsafe[1], policy.step, NOTHING_SAFE)
 
 
 def _child(window: _Window, parent_level: tuple, spread: np.ndarray, source: ThresholdSource) -> tuple:
