@@ -1,7 +1,7 @@
 """Error-bounded thresholds vs global thresholds, replaying banking77 (issue 25 part 3).
 
 ``python -m bench.error_bound [--hit-share 0.25] [--near-miss-share 1.0] [--band 0.1]
-[--start 0.90] [--start-threshold 1.0] [--compare-start] [--warm-share 1.0]
+[--start 0.90] [--start-threshold 1.0] [--compare-start] [--compare-audit] [--warm-share 1.0]
 [--estimators staircase curves] [--mix-gptcache] [--out bench/results/error_bound]``
 
 banking77 train.csv warms the cache (answer = the intent), test.csv is the live traffic,
@@ -22,7 +22,9 @@ of ``--window`` queries, the share of lookups each level decided, and a PNG.
 The cold start: until its threshold is learnt the arm serves at or above
 max(``--start``, ``--start-threshold``) (the policy's ``start_threshold``, default 1.0: only
 exact repeats); ``--compare-start`` also replays each arm with ``start_threshold`` = ``--start``
-(the unbounded start it had before) and prints both first windows' wrong hits.
+(the unbounded start it had before) and prints both first windows' wrong hits;
+``--compare-audit`` also replays each curves arm with ``audit: false`` (the curves' cuts alone,
+before the evidence audit) and keeps it as ``audit_off``.
 ``--mix-gptcache`` adds GPTCache's mock pairs (origin stored, paraphrase queried; correct if
 its own origin) to the same cache, banking77 being unrelated traffic for them.
 """
@@ -244,6 +246,13 @@ def run(stream: Stream, args) -> dict:
                   f" (2nd half: hit {bounded['second_half']['hit_rate']:.1%} false "
                   f"{bounded['second_half']['false_hit_rate']:.1%}), verdicts {bounded['verdicts']}, decided by "
                   + ", ".join(f"{k} {v:.0%}" for k, v in bounded["source_share"].items()), flush=True)
+            if args.compare_audit and name == "curves":
+                before = simulate(prepared, bounded_arm(name, delta, args, args.start_threshold, audit=False), **opts)
+                bounded["audit_off"] = before
+                print(f"   {'':>9}  without the audit (the curves alone, before): hit {before['hit_rate']:.1%} "
+                      f"false {before['false_hit_rate']:.1%} ({before['false_hits']} of {before['hits']}; "
+                      f"2nd half {before['second_half']['hit_rate']:.1%} / {before['second_half']['false_hit_rate']:.1%})"
+                      f" vs {bounded['false_hits']} of {bounded['hits']}", flush=True)
             if args.compare_start:
                 before = simulate(prepared, bounded_arm(name, delta, args, args.start), **opts)
                 bounded["start_before"] = before
@@ -256,9 +265,11 @@ def run(stream: Stream, args) -> dict:
     return result
 
 
-def bounded_arm(estimator: str, delta: float, args, start_threshold: float | None) -> ArmConfig:
-    """The error-bounded arm: threshold ``--start``, ``start_threshold`` (None: the policy's default)."""
-    policy = {"kind": "error_bounded", "delta": delta, "estimator": estimator, "confidence": args.confidence}
+def bounded_arm(estimator: str, delta: float, args, start_threshold: float | None, audit: bool = True) -> ArmConfig:
+    """The error-bounded arm: threshold ``--start``, ``start_threshold`` (None: the policy's default),
+    ``audit`` (False: the curves' cuts alone, as before the audit)."""
+    policy = {"kind": "error_bounded", "delta": delta, "estimator": estimator, "confidence": args.confidence,
+              "audit": audit}
     if start_threshold is not None:
         policy["start_threshold"] = start_threshold
     return ArmConfig(name=f"bound-{estimator}-{delta}", threshold=args.start, threshold_policy=policy)
@@ -323,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the policy's start_threshold (default: its own, 1.0)")
     parser.add_argument("--compare-start", action="store_true",
                         help="also replay each arm with start_threshold = --start (the unbounded start)")
+    parser.add_argument("--compare-audit", action="store_true",
+                        help="also replay each curves arm with audit: false (the curves alone: before the audit)")
     parser.add_argument("--unweighted", action="store_true",
                         help="record every verdict with check probability 1 (no 1/p weights: the fits before)")
     parser.add_argument("--confidence", type=float, default=0.95)
