@@ -192,7 +192,7 @@ class _ArmVerdicts:
         self.margin: tuple | None = None
         """Curves estimator: ((generation, policy), the audit's margin) (``_margin``)."""
         self.audit: deque = deque(maxlen=ARM_WINDOW)
-        """Curves estimator: (margin, wrong, check_prob, edge) per verdict, out of sample (``_audited``)."""
+        """Curves estimator: (margin, wrong, check_prob, edge, depth) per verdict, out of sample (``_audited``)."""
         self.audit_policy: ErrorBoundedThresholds | None = None
         """The policy whose cuts the audit's margins were measured against (None: loaded, any)."""
         self.cut: tuple | None = None
@@ -292,7 +292,8 @@ class VerdictBook:
             return {"arms": [{"experiment_id": exp, "arm": name, "arm_verdicts": rows(v.arm),
                               "clusters": {str(c): rows(w) for c, w in v.clusters.items()},
                               "entries": {e: rows(w) for e, w in v.entries.items()},
-                              "audit": [[round(m, 6), int(w), p, round(e, 6)] for m, w, p, e in v.audit]}
+                              "audit": [[round(m, 6), int(w), p, round(e, 6), round(d, 6)]
+                                        for m, w, p, e, d in v.audit]}
                              for (exp, name), v in self._arms.items()]}
 
     def load_state(self, state: dict) -> None:
@@ -306,8 +307,9 @@ class VerdictBook:
                 _fill(verdicts.clusters.setdefault(int(cluster), _Window(CLUSTER_WINDOW)), rows)
             for entry_id, rows in item["entries"].items():
                 _fill(verdicts.entries.setdefault(str(entry_id), _Window(ENTRY_WINDOW)), rows)
-            for margin, wrong, check_prob, edge in item.get("audit", []):  # states saved before the audit: none
-                verdicts.audit.append((float(margin), float(bool(wrong)), _check_prob(check_prob), float(edge)))
+            for margin, wrong, check_prob, edge, depth in item.get("audit", []):  # saved before the audit: none
+                verdicts.audit.append((float(margin), float(bool(wrong)), _check_prob(check_prob), float(edge),
+                                       float(depth)))
             arms[(str(item["experiment_id"]), str(item["arm"]))] = verdicts
         with self._lock:
             self._arms = arms
@@ -390,9 +392,10 @@ def _margin(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds) -> float | N
     value = None
     if verdicts.audit and verdicts.audit_policy in (None, policy):
         data = np.array(verdicts.audit, dtype=np.float64)
-        value = error_evidence.audited_margin(data[:, 0], data[:, 1], 1.0 / data[:, 2], data[:, 3], policy.delta,
-                                              policy.confidence, policy.verdicts_needed, policy.step,
-                                              1.0 - policy.floor, NOTHING_SAFE)
+        band = max(0.0, float(data[:, 4].max()))  # the near-miss band: the deepest a check fell below
+        value = error_evidence.audited_margin(data[:, 0], data[:, 1], 1.0 / data[:, 2], data[:, 3], band,
+                                              policy.delta, policy.confidence, policy.verdicts_needed,
+                                              policy.step, 1.0 - policy.floor, NOTHING_SAFE)
     verdicts.margin = (key, value)
     return value
 
@@ -402,7 +405,11 @@ def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> 
     without one yet) was last given: computed before this verdict arrived, so the audit is out of
     sample. Judged against cuts fitted on the same verdicts, the clusters whose few verdicts happened
     to be right get the low cuts and then vouch for them (bench.error_bound at δ = 0.02: 2.5-2.7%
-    wrong where δ was 2%). Not before any cut (the arm has not decided yet)."""
+    wrong where δ was 2%). Its edge is the margin in force then, the same for every cluster, so a
+    margin counts only times when every cluster's lookups there were checkable (while serving nothing,
+    the band below 1.0 reaches the lowest cut last): a per-verdict edge let clusters with nothing
+    checkable drop out of the audit while still being served (bursts of 16% wrong at δ = 0.05).
+    Not before any cut (the arm has not decided yet)."""
     last = window.cut if window is not None and window.cut is not None else verdicts.cut
     if last is None:
         return
@@ -412,9 +419,20 @@ def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> 
     verdicts.audit_policy = policy
     if cut < NOTHING_SAFE:
         margin = verdicts.margin[1] if verdicts.margin is not None and verdicts.margin[0][1] == policy else None
-        # Its threshold in force, as a margin over the cut: which margins its time could check.
-        edge = NOTHING_SAFE - cut if margin is None else min(margin, NOTHING_SAFE - cut)
-        verdicts.audit.append((float(judged.similarity) - cut, float(judged.wrong), float(judged.check_prob), edge))
+        serving = margin is not None and margin < NOTHING_SAFE
+        depth = (min(cut + margin, NOTHING_SAFE) if serving else NOTHING_SAFE) - float(judged.similarity)
+        # Serving nothing, checks come only from the band below 1.0, which reaches the lowest cut last.
+        edge = margin if serving else NOTHING_SAFE - _lowest_cut(verdicts, policy)
+        verdicts.audit.append((float(judged.similarity) - cut, float(judged.wrong), float(judged.check_prob),
+                               edge, depth))
+
+
+def _lowest_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds) -> float:
+    """The lowest cut any cluster (or the arm) was last given under ``policy``."""
+    cuts = [w.cut[1] for w in verdicts.clusters.values() if w.cut is not None and w.cut[0] == policy]
+    if verdicts.cut is not None and verdicts.cut[0] == policy:
+        cuts.append(verdicts.cut[1])
+    return min(cuts, default=NOTHING_SAFE)
 
 
 def _refit_arm(verdicts: _ArmVerdicts) -> None:

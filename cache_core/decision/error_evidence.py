@@ -103,19 +103,19 @@ def raised_past_unsafe(cut: float, unsafe: np.ndarray, step: float, nothing: flo
     return nothing if candidate > 1.0 + 1e-9 else candidate
 
 
-def audited_margin(margins: np.ndarray, wrong: np.ndarray, weights: np.ndarray, edges: np.ndarray, delta: float,
-                   confidence: float, needed: int, step: float, top: float, nothing: float) -> float | None:
+def audited_margin(margins: np.ndarray, wrong: np.ndarray, weights: np.ndarray, edges: np.ndarray, band: float,
+                   delta: float, confidence: float, needed: int, step: float, top: float,
+                   nothing: float) -> float | None:
     """The lowest margin m on a grid (0 up to ``top`` by ``step``) at which the verdicts at
     ``margins`` >= m (each a similarity minus its cluster's cut then) have a one-sided Clopper–Pearson
     upper bound at ``confidence`` on their weighted wrong share (Kish effective count) of at most
     ``delta``; ``nothing`` if no m does; None if no m has ``needed`` effective verdicts.
 
     Only verdicts from times when every lookup at margin >= m was checkable count for m: a verdict
-    whose threshold then stood at margin ``edges`` (its in-force threshold minus the cut) was drawn
-    from lookups at or above that edge minus the near-miss band (estimated as the deepest a verdict
-    fell below its edge). Without this, stretches that served nothing (checks only in the band just
-    below 1.0) fill the audit with high similarities and make the low margins look clean."""
-    band = max(0.0, float(-(margins - edges).min())) if len(margins) else 0.0
+    from a time whose thresholds stood at margin ``edges`` over the cuts was drawn from lookups at or
+    above that edge minus the near-miss ``band``. Without this, stretches that served nothing
+    (checks only in the band just below 1.0) fill the audit with high similarities and make the low
+    margins look clean."""
     for m in np.arange(0.0, top + 1e-9, step):
         member = (margins >= m - 1e-9) & (edges - band <= m + 1e-9)
         w = weights[member]

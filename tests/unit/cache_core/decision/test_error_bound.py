@@ -210,12 +210,13 @@ def simulated_stream(policy: ErrorBoundedThresholds, hit_check: float, floor: fl
 
 
 @pytest.mark.parametrize(("policy", "hit_check", "serves"),
-                         [(CURVES_ALONE, 0.25, 0.09), (CURVES_ALONE, 0.1, 0.06), (CURVES, 0.25, 0.08),
-                          (CURVES, 0.1, 0.035)])
+                         [(CURVES_ALONE, 0.25, 0.09), (CURVES_ALONE, 0.1, 0.06), (CURVES, 0.25, 0.01),
+                          (CURVES, 0.1, 0.015)])
 def test_the_realised_wrong_share_stays_within_delta_on_a_simulated_stream(policy, hit_check, serves):
     """The wrong share of hits stays within δ, most lookups are decided by a cluster's or an entry's
     own curve, and it serves a useful share (the per-cluster oracle serves ~32%, a global cut ~22%;
-    the audit, resting on fewer verdicts than the curves borrow, serves less)."""
+    the audit, resting on the verdicts behind each margin rather than on the curves, serves ~1-2% of
+    these 6,000 lookups: it has to wait for checks at each margin before serving from it)."""
     hits, wrongs, sources = simulated_stream(policy, hit_check)
     assert wrongs / hits <= policy.delta + 0.01
     assert hits / 6000 >= serves  # fewer hit verdicts: less certified, less served
@@ -226,14 +227,15 @@ def test_at_a_small_delta_the_audit_keeps_it_where_the_curves_point_estimate_ove
     """4% of answers wrong at any similarity (the floor a logistic curve, falling to 0 at the top,
     cannot see) and δ = 0.02: the curves alone extrapolate below the floor and serve 7% wrong (4 of
     57); the audit, an upper bound on the wrong share of verdicts its cuts had not seen, finds no
-    cut that keeps 2% and serves nothing; at δ = 0.10 on the same stream it serves."""
+    cut that keeps 2% and serves nothing; at δ = 0.10 on the same stream it serves, far less than the
+    curves alone (26 against 1,148 hits; those were 7.7% wrong)."""
     small = ErrorBoundedThresholds(delta=0.02)
     hits, wrongs, _ = simulated_stream(small.model_copy(update={"audit": False}), 0.5, floor=0.04)
     assert hits >= 40 and wrongs / hits > 0.04  # the point estimate promised 2%
     hits, wrongs, _ = simulated_stream(small, 0.5, floor=0.04)
     assert wrongs <= 0.02 * hits
     hits, wrongs, _ = simulated_stream(ErrorBoundedThresholds(delta=0.10), 0.5, floor=0.04)
-    assert hits / 6000 >= 0.1 and wrongs / hits <= 0.10
+    assert hits >= 20 and wrongs / hits <= 0.10
 
 
 def test_the_cold_start_serves_only_at_or_above_start_threshold_until_the_arm_learns():

@@ -71,7 +71,7 @@ def test_the_audit_ignores_stretches_that_could_not_check_the_margins_it_tests()
     wrongs = np.concatenate([wrong, np.zeros(400, bool)]).astype(float)
     weights = np.ones(800)
     edges = np.concatenate([np.zeros(400), np.full(400, 0.2)])
-    args = (0.05, 0.95, 59, 0.005, 0.5, NOTHING)
+    args = (0.1, 0.05, 0.95, 59, 0.005, 0.5, NOTHING)  # a 0.1 near-miss band
     honest = audited_margin(margins, wrongs, weights, edges, *args)
     pooled = audited_margin(margins, wrongs, weights, np.zeros(800), *args)  # as if all were checkable
     assert pooled == 0.0 < honest  # pooled, the later clean verdicts dilute the 12 wrong ones below 0.05
