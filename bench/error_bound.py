@@ -297,6 +297,10 @@ def plot(results: list[dict], path: Path) -> None:
             for delta, r in by_delta.items():
                 row[0].plot(r["false_hit_rate"], r["hit_rate"], styles.get(name, ("o", "-"))[0], ms=11,
                             color=colours.get(float(delta)), label=f"{name} δ={delta}")
+                if "audit_off" in r:  # --compare-audit: the curves alone (before), hollow
+                    off = r["audit_off"]
+                    row[0].plot(off["false_hit_rate"], off["hit_rate"], "*", ms=11, mfc="none",
+                                color=colours.get(float(delta)), label=f"{name} alone δ={delta}")
         for delta in result["best_global"]:
             row[0].axvline(float(delta), ls=":", lw=0.8, color=colours.get(float(delta), "k"))
         row[0].set(xlabel="false-hit rate (wrong share of hits)", ylabel="hit rate", title=result["stream"])

@@ -31,9 +31,9 @@ than none: every lookup is decided by its entry's or cluster's own curve once th
   sample: measured against cuts fitted on the same verdicts, the clusters whose few verdicts were
   right by luck get the low cuts and then vouch for them), and counts for m only if every lookup at
   cut + m was checkable then (at or above its threshold minus the near-miss band). A level whose
-  own verdicts show δ broken (lower bound above it) is raised, which a monotone curve cannot do
-  for wrong answers at the top; an entry goes below its cluster only as far as its own verdicts
-  certify (it never did on a verdict or two). ``audit: false``: the curves' cuts alone.
+  own verdicts show δ broken is raised (a monotone curve cannot, for wrong answers at the top);
+  an entry goes below its cluster only as far as its own verdicts certify. ``audit: false``:
+  the curves' cuts alone.
 
 **staircase** (the first design, kept as the bench's reference).
 
@@ -370,11 +370,9 @@ def _level_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, cluster: 
 
 
 def _lowered(parent: float, cut: float, evidence: float | None) -> float:
-    """An entry's cut given its cluster's: never below its own curve's ``cut`` (an entry whose curve
-    says it is worse is stricter, which needs no certificate), and below its cluster's only as far as
-    its *own* verdicts certify δ (``evidence``; None: too few to test). Its curve alone, shrunk toward
-    its cluster's, would lower it on a verdict or two, which the audit (over the clusters' cuts) does
-    not see."""
+    """An entry's cut given its cluster's: never below its own curve's ``cut`` (stricter needs no
+    certificate), below its cluster's only as far as its *own* verdicts certify δ (``evidence``;
+    None: too few). Its shrunk curve alone would lower it on a verdict or two the audit cannot see."""
     own = NOTHING_SAFE if evidence is None else evidence
     return max(cut, min(parent, own))
 
