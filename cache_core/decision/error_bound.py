@@ -329,7 +329,7 @@ def _curves_threshold(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, en
     if verdicts.fitted_at < 0 or arm.added - verdicts.fitted_at >= max(1, int(REFIT_SHARE * len(arm.verdicts))):
         _refit_arm(verdicts)
     cut, source = _level_cut(verdicts, policy, cluster, entry_id)
-    if not policy.audit:
+    if not policy.audited:
         return cut, source
     margin = _margin(verdicts, policy)
     if margin is None:  # what the cuts would serve has too few verdicts behind it to certify δ
@@ -354,7 +354,7 @@ def _level_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, cluster: 
     population = cluster_window if len(cluster_window.verdicts) >= POPULATION_MIN else None
     cluster_level = _child(cluster_window, arm_level, CLUSTER_SPREAD, "cluster")
     value = _curve_cut(verdicts, *cluster_level[:4], population, policy, z)
-    if policy.audit:
+    if policy.audited:
         value = _raised(cluster_window, policy, value)
     cluster_window.cut = (policy, value)  # the audit measures the next verdicts against it
     entry_window = verdicts.entries.get(entry_id) if entry_id is not None else None
@@ -362,7 +362,7 @@ def _level_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds, cluster: 
         return value, "cluster"
     entry_level = _child(entry_window, cluster_level, ENTRY_SPREAD, "entry")
     cut = _curve_cut(verdicts, *entry_level[:4], population, policy, z)
-    if not policy.audit:  # the curves alone: the entry's own curve's cut
+    if not policy.audited:  # the curves alone: the entry's own curve's cut
         return cut, "entry"
     cut = _raised(entry_window, policy, cut)
     lowered = _lowered(value, cut, _evidence_cut(entry_window, policy))

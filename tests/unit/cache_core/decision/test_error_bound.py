@@ -16,7 +16,7 @@ from cache_core.experiments import ArmConfig, CanaryConfig, ErrorBoundedThreshol
 from cache_core.records import CacheEntry, Candidate
 
 POLICY = ErrorBoundedThresholds(delta=0.05, confidence=0.9, estimator="staircase")
-CURVES = ErrorBoundedThresholds(delta=0.05)
+CURVES = ErrorBoundedThresholds(delta=0.05, audit=True)
 CURVES_ALONE = ErrorBoundedThresholds(delta=0.05, audit=False)
 """The curves' own cuts, without the evidence audit (what the curve tests are about)."""
 
@@ -234,8 +234,17 @@ def test_at_a_small_delta_the_audit_keeps_it_where_the_curves_point_estimate_ove
     assert hits >= 40 and wrongs / hits > 0.04  # the point estimate promised 2%
     hits, wrongs, _ = simulated_stream(small, 0.5, floor=0.04)
     assert wrongs <= 0.02 * hits
-    hits, wrongs, _ = simulated_stream(ErrorBoundedThresholds(delta=0.10), 0.5, floor=0.04)
+    hits, wrongs, _ = simulated_stream(ErrorBoundedThresholds(delta=0.10, audit=True), 0.5, floor=0.04)
     assert hits >= 20 and wrongs / hits <= 0.10
+
+
+def test_the_audit_is_on_by_default_only_where_the_curves_alone_overshot():
+    """δ below 0.05 is audited unless told otherwise (the curves alone broke 0.02 on every bench run);
+    at 0.05 and above the curves alone, which kept it; an explicit ``audit`` wins either way."""
+    assert ErrorBoundedThresholds(delta=0.02).audited and ErrorBoundedThresholds(delta=0.049).audited
+    assert not ErrorBoundedThresholds(delta=0.05).audited and not ErrorBoundedThresholds(delta=0.10).audited
+    assert ErrorBoundedThresholds(delta=0.10, audit=True).audited
+    assert not ErrorBoundedThresholds(delta=0.02, audit=False).audited
 
 
 def test_the_cold_start_serves_only_at_or_above_start_threshold_until_the_arm_learns():
@@ -259,7 +268,7 @@ def test_the_cold_start_serves_only_at_or_above_start_threshold_until_the_arm_le
     warm = rule.decide("q", [candidate("close", 0.97)], arm, 0, experiment_id="e")
     assert warm.hit and warm.threshold < 0.97 and warm.threshold_source != "static"
     # Audited, those verdicts came before any cut, so none vouches for one: nothing is served yet.
-    audited = arm.model_copy(update={"threshold_policy": ErrorBoundedThresholds(delta=0.05)})
+    audited = arm.model_copy(update={"threshold_policy": ErrorBoundedThresholds(delta=0.05, audit=True)})
     assert rule.decide("q", [candidate("close", 0.97)], audited, 0, experiment_id="e").threshold == NOTHING_SAFE
 
 
