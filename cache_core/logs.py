@@ -74,11 +74,20 @@ _writer: logging.handlers.QueueListener | None = None
 
 
 def stop_background_writer() -> None:
-    """Writes what is queued and stops the writer thread (at exit, or before a new setup)."""
+    """Writes what is queued, stops the writer thread and has the root logger write directly again, so
+    a line logged after this is not left in a queue nobody reads. The service calls it at the end of
+    its shutdown: uvicorn then re-raises SIGTERM, which ends the process without atexit handlers (the
+    shutdown's own lines, "cache service stopped" among them, were lost that way). Also at exit, and
+    before a new setup."""
     global _writer
-    if _writer is not None:
-        _writer.stop()
-        _writer = None
+    if _writer is None:
+        return
+    _writer.stop()
+    direct = _writer.handlers[0]
+    direct.addFilter(RequestIdFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [direct if isinstance(h, _Enqueue) else h for h in root.handlers]
+    _writer = None
 
 
 def configure_logging(level: str = "INFO", fmt: str = "console", background: bool = False) -> None:
@@ -87,8 +96,8 @@ def configure_logging(level: str = "INFO", fmt: str = "console", background: boo
     ``background`` (the HTTP service): lines are formatted and written by a thread of their own, so an
     event loop never formats a line or waits on the write (a write releases the GIL, and the loop then
     waits for it behind the encoder threads; the access log's line was the costliest such wait on the
-    loop in bench/front_throughput.py's profile). Lines still queued at exit are written then (atexit);
-    a killed process loses them."""
+    loop in bench/front_throughput.py's profile). ``stop_background_writer`` writes what is queued (the
+    service calls it once stopped; also at exit); a killed process loses it."""
     global _writer
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())

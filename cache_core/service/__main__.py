@@ -37,14 +37,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from cache_core.logs import configure_logging
+    from cache_core.logs import configure_logging, stop_background_writer
     from cache_core.settings import settings_or_exit
 
     settings = settings_or_exit("cache_core.service")  # a bad SCACHE_* value: one line, exit 2
     configure_logging(settings.log_level, settings.log_format, background=True)
     instance_id = args.instance_id or f"{socket.gethostname()}:{settings.service.port}"
     spool_dir = args.spool_dir or scache_home() / "spool" / f"cache-{settings.service.port}"
-    return serve(settings, instance_id, spool_dir)
+    try:
+        return serve(settings, instance_id, spool_dir)
+    finally:  # e.g. a "cannot start" line: written before exit waits for the other threads
+        stop_background_writer()
 
 
 def serve(settings, instance_id: str, spool_dir: Path) -> int:

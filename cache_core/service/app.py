@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from cache_core.logs import stop_background_writer
 from cache_core.service.access_log import AccessLog
 from cache_core.service.errors import add_error_handlers
 from cache_core.service.routes import ROUTERS
@@ -53,6 +54,7 @@ def create_app(components: Components, freeze: bool = False) -> FastAPI:
         finally:
             await components.upstream.aclose()
             components.stop()
+            stop_background_writer()  # uvicorn re-raises SIGTERM next: queued lines written now or never
 
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)
     app.state.components = components

@@ -81,9 +81,11 @@ def test_background_logging_writes_in_its_own_thread_with_the_request_id(capfd):
             logging.getLogger("scache.test").info("line %d", 1, extra={"k": "v"})
         finally:
             request_id.reset(token)
-        stop_background_writer()  # what exit does: the queued lines are written
+        stop_background_writer()  # what the service does once stopped: the queued lines are written
+        logging.getLogger("scache.test").info("after %d", 2)  # and later ones directly, not into a dead queue
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
-    line = json.loads(capfd.readouterr().err.strip().splitlines()[-1])
+    line, after = (json.loads(text) for text in capfd.readouterr().err.strip().splitlines()[-2:])
     assert line["msg"] == "line 1" and line["k"] == "v" and line["request_id"] == "http-9"
+    assert after["msg"] == "after 2"
