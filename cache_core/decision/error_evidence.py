@@ -49,15 +49,7 @@ def evidence_threshold(sims: np.ndarray, wrong: np.ndarray, weights: np.ndarray 
     sims = np.asarray(sims, dtype=np.float64)
     if len(sims) == 0:
         return None
-    order = np.argsort(-sims, kind="stable")
-    s, y = sims[order], np.asarray(wrong, dtype=np.float64)[order]
-    w = np.ones(len(s)) if weights is None else np.asarray(weights, dtype=np.float64)[order]
-    grid = np.arange(top, floor - 1e-9, -step)
-    counts = len(s) - np.searchsorted(s[::-1], grid - 1e-9, side="left")
-    grid, last = grid[counts > 0], counts[counts > 0] - 1
-    total, squares, wrongs = np.cumsum(w)[last], np.cumsum(w * w)[last], np.cumsum(w * y)[last]
-    n_eff = total * total / squares
-    k_eff = n_eff * wrongs / total
+    grid, n_eff, k_eff = _at_or_above(sims, wrong, weights, np.arange(top, floor - 1e-9, -step))
     testable = n_eff >= needed - 1e-9
     if not testable.any():
         return None
@@ -79,15 +71,8 @@ def unsafe_cuts(sims: np.ndarray, wrong: np.ndarray, weights: np.ndarray | None,
     sims = np.asarray(sims, dtype=np.float64)
     if len(sims) == 0:
         return np.zeros(0)
-    order = np.argsort(-sims, kind="stable")
-    s, y = sims[order], np.asarray(wrong, dtype=np.float64)[order]
-    w = np.ones(len(s)) if weights is None else np.asarray(weights, dtype=np.float64)[order]
-    grid = np.round(np.arange(np.floor(s[-1] / step), np.floor(1.0 / step) + 1) * step, 10)
-    counts = len(s) - np.searchsorted(s[::-1], grid - 1e-9, side="left")
-    grid, last = grid[counts > 0], counts[counts > 0] - 1
-    total, squares, wrongs = np.cumsum(w)[last], np.cumsum(w * w)[last], np.cumsum(w * y)[last]
-    n_eff = total * total / squares
-    k_eff = n_eff * wrongs / total
+    grid = np.round(np.arange(np.floor(sims.min() / step), np.floor(1.0 / step) + 1) * step, 10)
+    grid, n_eff, k_eff = _at_or_above(sims, wrong, weights, grid)
     lower_bound = np.where(k_eff > 1e-9, beta.ppf(1.0 - confidence, np.maximum(k_eff, 1e-9), n_eff - k_eff + 1.0),
                            0.0)
     return grid[lower_bound > delta]
@@ -118,13 +103,11 @@ def audited_margin(margins: np.ndarray, wrong: np.ndarray, weights: np.ndarray, 
     margins look clean."""
     for m in np.arange(0.0, top + 1e-9, step):
         member = (margins >= m - 1e-9) & (edges - band <= m + 1e-9)
-        w = weights[member]
-        if len(w) == 0:
+        if not member.any():
             continue
-        n_eff = float(w.sum() ** 2 / np.square(w).sum())
+        n_eff, k_eff = _effective(weights[member], wrong[member])
         if n_eff < needed - 1e-9:
             continue
-        k_eff = n_eff * float((w * wrong[member]).sum() / w.sum())
         bound = 1.0 if k_eff >= n_eff - 1e-9 else float(beta.ppf(confidence, k_eff + 1.0, n_eff - k_eff))
         if bound <= delta:
             return float(m)
@@ -134,4 +117,26 @@ def audited_margin(margins: np.ndarray, wrong: np.ndarray, weights: np.ndarray, 
 def _testable(margins: np.ndarray, weights: np.ndarray, needed: int) -> bool:
     """Whether the verdicts at margin >= 0 could test a margin at all (``needed`` effective ones)."""
     w = weights[margins >= -1e-9]
-    return len(w) > 0 and float(w.sum() ** 2 / np.square(w).sum()) >= needed - 1e-9
+    return len(w) > 0 and _effective(w, np.zeros(len(w)))[0] >= needed - 1e-9
+
+
+def _effective(weights: np.ndarray, wrong: np.ndarray) -> tuple[float, float]:
+    """Kish effective count n = (sum w)^2 / sum w^2 of weighted verdicts, and its wrong ones n * (weighted
+    wrong share): unequal weights shrink n rather than multiply it."""
+    total = float(weights.sum())
+    n_eff = total * total / float(np.square(weights).sum())
+    return n_eff, n_eff * (float((weights * wrong).sum()) / total)
+
+
+def _at_or_above(sims: np.ndarray, wrong, weights: np.ndarray | None,
+                 grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each ``grid`` cut with verdicts at or above it (the others dropped): the cut, and those
+    verdicts' ``_effective`` count and wrong count, all cuts in one pass over the sorted verdicts."""
+    order = np.argsort(-sims, kind="stable")
+    s, y = sims[order], np.asarray(wrong, dtype=np.float64)[order]
+    w = np.ones(len(s)) if weights is None else np.asarray(weights, dtype=np.float64)[order]
+    counts = len(s) - np.searchsorted(s[::-1], grid - 1e-9, side="left")
+    grid, last = grid[counts > 0], counts[counts > 0] - 1
+    total, squares, wrongs = np.cumsum(w)[last], np.cumsum(w * w)[last], np.cumsum(w * y)[last]
+    n_eff = total * total / squares
+    return grid, n_eff, n_eff * wrongs / total
