@@ -23,7 +23,7 @@ than none: every lookup is decided by its entry's or cluster's own curve once th
   arm's while the cluster has fewer than ``POPULATION_MIN``). A smooth, monotone curve cannot
   be blocked by one wrong verdict at the top of the range, as the staircase was.
 * **Nothing safe.** A level whose bound passes no θ serves nothing (``NOTHING_SAFE``).
-* **The audit** (``audit: true``, the default; cache_core.decision.error_evidence). The curves
+* **The audit** (``audit``; by default on below δ = 0.05; cache_core.decision.error_evidence). The curves
   choose where each level cuts; evidence decides how far to trust them. Every cut rises by one
   margin per arm, the lowest m >= 0 at which the verdicts at or above cut + m have a one-sided
   Clopper–Pearson bound (``confidence``, Kish effective count) at most δ: none certifies, nothing
