@@ -31,13 +31,13 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
 
 from cache_core.cache import SemanticCache
+from cache_core.ids import new_id
 from cache_core.service.chat_key import scope_fingerprint
 from cache_core.service.schemas import ChatCompletionRequest
 from cache_core.settings import ServiceSettings
@@ -161,10 +161,6 @@ def store_answer(cache: SemanticCache, query: str, answer: str, identity: dict,
     return result.reason
 
 
-def new_request_id() -> str:
-    return uuid.uuid4().hex
-
-
 # -- streaming (Server-Sent Events) ------------------------------------------------------
 
 DONE = "[DONE]"
@@ -226,7 +222,7 @@ def chunks_of_completion(completion: dict, body: ChatCompletionRequest) -> Itera
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     content = message.get("content") if isinstance(message.get("content"), str) else ""
     usage = completion.get("usage") if wants_usage(body) and isinstance(completion.get("usage"), dict) else None
-    return completion_chunks(str(completion.get("id") or f"chatcmpl-{new_request_id()}"),
+    return completion_chunks(str(completion.get("id") or f"chatcmpl-{new_id()}"),
                              str(completion.get("model") or body.model or ""), content, usage,
                              finish_reason=str(choice.get("finish_reason") or "stop"))
 
