@@ -162,10 +162,12 @@ class StateApplier:
         entry = change.entry
         if not entry.alive(self.cache.clock()):
             return "expired"
-        if entry.entry_id in self._dropped_ids:
-            return "dropped_before"
         stores = self.cache.stores
         with stores.live(lambda: stores.for_key(change.key)) as partition:
+            # Under the lock that a verdict's removal holds: checked before it, a put replayed while
+            # the feedback thread removes the entry would pass and bring the entry back.
+            if entry.entry_id in self._dropped_ids:
+                return "dropped_before"
             now = self.cache.clock()
             if entry.entry_id in partition.entries:
                 return "duplicate"

@@ -249,6 +249,27 @@ def test_an_entry_feedback_took_out_is_not_brought_back_by_a_replayed_put():
     assert follower_c.stats()["dropped_before"] == 1 and sum(len(p) for p in c.partitions()) == 0
 
 
+def test_a_put_replayed_while_the_verdict_removes_the_entry_does_not_bring_it_back():
+    """The CI race: the restarted replica's entries replay reads the put of an entry it restored
+    from its log while the feedback thread removes that entry. The put may pass the dropped check
+    before the removal, so the check is made under the partition lock, where the removal is."""
+    (a, feed_a, _), (b, _feed_b, follower_b), first, _ = _two_replicas(limit=1)
+    [(key, entry_id)] = [(p.key, e.entry_id) for p in a.partitions() for e in p.entries.values()]
+    verdict = _served(b, first)
+    live = b.stores.live
+
+    def verdict_lands_between_check_and_lock(get):
+        b.stores.live = live  # once
+        assert b.apply_feedback(verdict, "wrong") == "invalidated"
+        return live(get)
+
+    b.stores.live = verdict_lands_between_check_and_lock
+    a.entry_feed.stored(key, next(iter(a.partitions())).entries[entry_id])  # the put, replayed
+    _deliver(feed_a.values, follower_b, start=100)
+    assert b.stores.live is live  # the interleaving happened
+    assert follower_b.stats()["dropped_before"] == 1 and not b.lookup(PARAPHRASE, first).hit
+
+
 def test_the_same_unit_on_two_replicas_counts_once():
     (a, feed_a, follower_a), (b, feed_b, follower_b), first, _second = _two_replicas(limit=2)
     assert a.apply_feedback(_served(a, first), "wrong") == "counted"
