@@ -24,3 +24,19 @@ def test_onnx_token_pass_gives_the_torch_features(tmp_path):
         f_onnx = pair_features(cached, query, 0.7, by_onnx[2 * i], by_onnx[2 * i + 1])
         f_torch = pair_features(cached, query, 0.7, by_torch[2 * i], by_torch[2 * i + 1])
         assert np.allclose(f_onnx, f_torch, atol=1e-3)
+
+
+def test_a_large_batch_of_mixed_lengths_keeps_each_texts_vectors_and_order():
+    """The token pass runs a batch sorted by length in chunks (TOKEN_BATCH): every text still gets
+    its own vectors and pieces, in the order given, as when it is encoded alone."""
+    from cache_core.embedding import onnx as onnx_module
+
+    encode = uncached_token_encoder(MODEL)
+    words = "how do i reset my card pin after the transfer has not arrived yet".split()
+    texts = [" ".join(words[:1 + (i * 5) % len(words)]) for i in range(onnx_module.TOKEN_BATCH * 2 + 5)]
+    together = encode(texts)
+    for text, got in zip(texts, together):
+        [alone] = encode([text])
+        assert got.all.shape == alone.all.shape and np.allclose(got.all, alone.all, atol=1e-5)
+        assert got.content.shape == alone.content.shape and np.allclose(got.content, alone.content, atol=1e-5)
+    assert len({v.all.shape[0] for v in together}) > 5  # the lengths did differ
