@@ -62,23 +62,27 @@ class DiskTier:
         self._db.execute("CREATE TABLE IF NOT EXISTS cold (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                          "entry_id TEXT UNIQUE NOT NULL, scope TEXT NOT NULL, expires_at REAL NOT NULL, "
                          "vec BLOB NOT NULL, meta BLOB NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS cold_expiry ON cold (expires_at)")
         self._zc, self._zd = zstandard.ZstdCompressor(level=ZSTD_LEVEL), zstandard.ZstdDecompressor()
-        self._codes: dict[str, faiss.Index] = {}  # scope -> fp16 codes under their row seq
-        self._seq_of: dict[str, tuple[int, str]] = {}  # entry_id -> (seq, scope)
-        self._id_of_seq: dict[int, str] = {}
+        # scope -> fp16 codes under their row's seq. No per-entry Python object: the file maps
+        # entry_id <-> seq (``entry_id UNIQUE``, ``seq`` its primary key).
+        self._codes: dict[str, faiss.Index] = {}
         self.demotions = self.promotions = self.evictions = self.expirations = 0
-        for seq, entry_id, scope, blob in self._db.execute("SELECT seq, entry_id, scope, vec FROM cold"):
-            self._index(seq, entry_id, scope, self._vector(blob))
+        self._count = 0
+        for seq, scope, blob in self._db.execute("SELECT seq, scope, vec FROM cold"):
+            self._index(seq, scope, self._vector(blob))
+            self._count += 1
 
     def __len__(self) -> int:
-        return len(self._seq_of)
+        return self._count
 
     def __contains__(self, entry_id: str) -> bool:
-        return entry_id in self._seq_of
+        return self._row_of(entry_id) is not None
 
     def memory_bytes(self) -> int:
-        """Resident cost of the cold entries: float16 codes plus an id (8 B) and ~100 B of maps each."""
-        return len(self) * (2 * self.dim + 8 + 100)
+        """Resident cost of the cold entries: a float16 code and an 8-byte id each (the id
+        mapping is the file's)."""
+        return len(self) * (2 * self.dim + 8)
 
     # -- writes -------------------------------------------------------------------------
 
@@ -91,24 +95,25 @@ class DiskTier:
         cur = self._db.execute("INSERT INTO cold (entry_id, scope, expires_at, vec, meta) VALUES (?, ?, ?, ?, ?)",
                                (entry.entry_id, entry.scope or "", entry.expires_at(),
                                 self._zc.compress(vec.tobytes()), self._zc.compress(json.dumps(meta).encode())))
-        self._index(cur.lastrowid, entry.entry_id, entry.scope or "", vec.astype(np.float32))
+        self._index(cur.lastrowid, entry.scope or "", vec.astype(np.float32))
+        self._count += 1
         self.demotions += 1
-        while len(self) > self.capacity:
-            oldest = min(self._id_of_seq)
-            self.remove(self._id_of_seq[oldest])
+        while self._count > self.capacity:  # seq only grows: the smallest is the oldest demoted
+            oldest = self._db.execute("SELECT entry_id FROM cold ORDER BY seq LIMIT 1").fetchone()
+            self.remove(oldest[0])
             self.evictions += 1
 
     def remove(self, entry_id: str) -> bool:
-        found = self._seq_of.pop(entry_id, None)
+        found = self._row_of(entry_id)
         if found is None:
             return False
         seq, scope = found
-        del self._id_of_seq[seq]
         codes = self._codes[scope]
         codes.remove_ids(np.array([seq], dtype=np.int64))
         if codes.ntotal == 0:
             del self._codes[scope]
         self._db.execute("DELETE FROM cold WHERE seq = ?", (seq,))
+        self._count -= 1
         return True
 
     def take(self, entry_id: str) -> CacheEntry | None:
@@ -122,8 +127,7 @@ class DiskTier:
     def clear(self) -> None:
         self._db.execute("DELETE FROM cold")
         self._codes.clear()
-        self._seq_of.clear()
-        self._id_of_seq.clear()
+        self._count = 0
 
     def drop_expired(self, now: float) -> int:
         ids = [row[0] for row in self._db.execute("SELECT entry_id FROM cold WHERE expires_at <= ?", (now,))]
@@ -150,14 +154,12 @@ class DiskTier:
         if codes is None or codes.ntotal == 0 or k <= 0:
             return []
         scores, seqs = codes.search(np.asarray(vec, dtype=np.float32).reshape(1, -1), min(k, codes.ntotal))
-        return [(self._id_of_seq[int(s)], float(score)) for score, s in zip(scores[0], seqs[0])
-                if s >= 0 and int(s) in self._id_of_seq]
+        found = [(int(s), float(score)) for score, s in zip(scores[0], seqs[0]) if s >= 0]
+        names = self._names([s for s, _ in found])
+        return [(names[s], score) for s, score in found if s in names]
 
     def load(self, entry_id: str) -> CacheEntry | None:
-        found = self._seq_of.get(entry_id)
-        if found is None:
-            return None
-        row = self._db.execute("SELECT vec, meta FROM cold WHERE seq = ?", (found[0],)).fetchone()
+        row = self._db.execute("SELECT vec, meta FROM cold WHERE entry_id = ?", (entry_id,)).fetchone()
         return None if row is None else self._entry(*row)
 
     def entries(self) -> list[CacheEntry]:
@@ -173,11 +175,20 @@ class DiskTier:
         wrong = frozenset(meta.pop("wrong_units", []))
         return CacheEntry(embedding=self._vector(vec_blob), wrong_units=wrong, **meta)
 
-    def _index(self, seq: int, entry_id: str, scope: str, vec: np.ndarray) -> None:
+    def _row_of(self, entry_id: str) -> tuple[int, str] | None:
+        """(seq, scope) of ``entry_id``'s row, by the file's unique index on ``entry_id``."""
+        return self._db.execute("SELECT seq, scope FROM cold WHERE entry_id = ?", (entry_id,)).fetchone()
+
+    def _names(self, seqs: list[int]) -> dict[int, str]:
+        """Entry ids of the rows ``seqs`` (by primary key; a seq no longer there is left out)."""
+        if not seqs:
+            return {}
+        marks = ",".join("?" * len(seqs))
+        return dict(self._db.execute(f"SELECT seq, entry_id FROM cold WHERE seq IN ({marks})", seqs))
+
+    def _index(self, seq: int, scope: str, vec: np.ndarray) -> None:
         codes = self._codes.get(scope)
         if codes is None:
             codes = self._codes[scope] = faiss.IndexIDMap(faiss.IndexScalarQuantizer(
                 self.dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT))
         codes.add_with_ids(vec.reshape(1, -1).astype(np.float32), np.array([seq], dtype=np.int64))
-        self._seq_of[entry_id] = (seq, scope)
-        self._id_of_seq[seq] = entry_id

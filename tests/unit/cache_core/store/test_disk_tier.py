@@ -141,3 +141,22 @@ def test_scoped_cold_entries_answer_only_their_scope(tmp_path):
     assert partition(cache).cold() == 3
     assert cache.lookup("ask0", unit_id="u", scope="conv").hit
     assert not cache.lookup("ask1", unit_id="u").hit
+
+
+def test_the_tier_maps_ids_through_its_file_and_evicts_by_seq(tmp_path):
+    cache, clock, _ = make(tmp_path / "src")
+    fill(cache, clock, 6)
+    entries = list(partition(cache).entries.values()) + partition(cache).disk.entries()
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 3)
+    for entry in entries[:4]:
+        tier.put(entry)
+    assert len(tier) == 3 and tier.evictions == 1 and entries[0].entry_id not in tier
+    tier.put(entries[1])  # re-demoted: a new seq, so it is the newest now
+    tier.put(entries[4])
+    assert entries[1].entry_id in tier and entries[2].entry_id not in tier and len(tier) == 3
+    assert tier.take(entries[3].entry_id).entry_id == entries[3].entry_id and len(tier) == 2
+    assert tier.take(entries[3].entry_id) is None and not tier.remove(entries[3].entry_id)
+    tier.close()
+    again = DiskTier(tmp_path / "t.sqlite", DIM, 3)
+    assert len(again) == 2 and {e.entry_id for e in again.entries()} == {entries[1].entry_id, entries[4].entry_id}
+    assert again.search(entries[4].embedding, None, 1)[0][0] == entries[4].entry_id
