@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from cache_core.logs import stop_background_writer
 from cache_core.service.access_log import AccessLog
 from cache_core.service.errors import add_error_handlers
+from cache_core.service.fast_lookup import FastLookup
 from cache_core.service.routes import ROUTERS
 from cache_core.service.transport import TransportMiddleware
 from cache_core.service.wiring import Components
@@ -59,6 +60,8 @@ def create_app(components: Components, freeze: bool = False) -> FastAPI:
     app = FastAPI(title="scache", version="0.1.0", lifespan=lifespan)
     app.state.components = components
     add_error_handlers(app)
+    # innermost of these: a well-formed lookup is answered without FastAPI's request handling
+    app.add_middleware(FastLookup, service=app)
     app.add_middleware(TransportMiddleware,
                        max_body_bytes=int(components.settings.service.max_request_mib * 1024 * 1024))
     # outermost: a 413 from the size limit gets its request id, log line (and trace) too

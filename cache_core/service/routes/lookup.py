@@ -1,15 +1,21 @@
-"""``POST /v1/lookup``: is there a cached answer for this query, for this unit's arm?"""
+"""``POST /v1/lookup``: is there a cached answer for this query, for this unit's arm?
+
+The route's work is ``answer`` (the caller's right, the lookup, the shadow check, the body): FastAPI
+runs it through this route, and ``cache_core.service.fast_lookup`` runs the same function for a
+well-formed request without FastAPI's routing and dependency solving."""
 from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter, Response
 
 from cache_core.records import LookupResult
-from cache_core.service.auth import AccessDep
+from cache_core.service.auth import AccessDep, Caller
 from cache_core.service.schemas import LookupRequest, LookupResponse
+from cache_core.service.wiring import Components
 
 router = APIRouter()
 
+PATH = "/v1/lookup"
 _FIELDS = tuple(LookupResponse.model_fields)
 
 
@@ -25,12 +31,9 @@ def response_body(result: LookupResult) -> bytes:
     return orjson.dumps(fields, option=orjson.OPT_SERIALIZE_NUMPY)  # similarities may be numpy scalars
 
 
-@router.post("/v1/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, access: AccessDep) -> Response:
-    """Needs the read right on the namespace (a request naming none uses the key's). Async: it awaits
-    the shared micro-batching encoder's future (concurrent requests still get batched) without a
-    thread-pool hop."""
-    caller, components = access.caller, access.components
+async def answer(components: Components, caller: Caller, body: LookupRequest) -> tuple[bytes, str]:
+    """The lookup's JSON body and its decision id (``x-scache-request-id``). Raises ``Refused`` (403)
+    without the read right, ``InvalidRequest`` / ``UnknownExperiment`` as ``SemanticCache.lookup`` does."""
     namespace = caller.namespace(body.namespace if "namespace" in body.model_fields_set else None)
     caller.require("read", namespace)
     result = await components.cache.lookup_async(body.query, unit_id=body.unit_id, experiment_id=body.experiment_id,
@@ -41,6 +44,14 @@ async def lookup(body: LookupRequest, access: AccessDep) -> Response:
             shadow.after_hit(result, body.query)
         else:
             shadow.after_lookup_miss(result, body.query)
+    return response_body(result), result.request_id
+
+
+@router.post(PATH, response_model=LookupResponse)
+async def lookup(body: LookupRequest, access: AccessDep) -> Response:
+    """Needs the read right on the namespace (a request naming none uses the key's). Async: it awaits
+    the shared micro-batching encoder's future (concurrent requests still get batched) without a
+    thread-pool hop."""
+    content, decision_id = await answer(access.components, access.caller, body)
     # x-scache-request-id: the decision's id, the access log's decision_id
-    return Response(response_body(result), media_type="application/json",
-                    headers={"x-scache-request-id": result.request_id})
+    return Response(content, media_type="application/json", headers={"x-scache-request-id": decision_id})
