@@ -14,7 +14,7 @@ import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from cache_core.experiments import ExperimentConfig, SimilarityKind
 
@@ -202,6 +202,16 @@ class JudgedLookup(BaseModel):
     wrong: bool
     check_prob: float = Field(1.0, gt=0.0, le=1.0)
     """The rate the lookup was checked at (its verdict weighs the inverse)."""
+    audit: list[FiniteFloat] | None = Field(None, max_length=3)
+    """The audit's reading by the replica that made the lookup: [margin, edge, depth], or [] for
+    none (error_bound.Judged.audit); absent from a replica before it (the receiver measures)."""
+
+    @field_validator("audit")
+    @classmethod
+    def _three_or_none(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and len(value) not in (0, 3):
+            raise ValueError("audit is [margin, edge, depth] or []")
+        return value
 
 
 class ClusterModelPayload(BaseModel):

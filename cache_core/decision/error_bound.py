@@ -78,6 +78,8 @@ Both:
 The state (``VerdictBook``) is a few bounded windows of ``(similarity, wrong, check_prob)`` per arm; it
 changes only through ``SemanticCache.apply`` of a ``Verdict`` (cache_core.state.changes), so
 the write-ahead log, the snapshot and the entries topic carry it like any other change.
+Over 500 lines because this docstring is the policy's specification; the code proper is the book
+(``VerdictBook``, its windows and audit) and the two estimators' cut rules, which share that state.
 """
 from __future__ import annotations
 
@@ -215,9 +217,16 @@ class Judged:
     near-misses, a solicited user verdict's ``feedback_prob``; 1.0 when unknown). Each verdict
     weighs 1 / check_prob in the curves and the averages, so hits checked at a quarter of the rate
     of near-misses count for the four times as many lookups they stand for."""
+    audit: tuple[float, ...] | None = None
+    """The audit's reading of this verdict as the replica that made the lookup measured it:
+    (margin over its cluster's cut, edge, depth) (``_audited``), () for none (no cut yet), None for
+    not measured yet (this replica measures it; a message from a replica before this field). Every
+    replica applies the same reading, so their audits agree, whatever cuts each had in force."""
 
     def __post_init__(self):
         _check_prob(self.check_prob)
+        if self.audit is not None and len(self.audit) not in (0, 3):
+            raise ValueError(f"an audit reading is (margin, edge, depth) or (), got {self.audit!r}")
 
 
 def _check_prob(value: float) -> float:
@@ -240,17 +249,19 @@ class VerdictBook:
         self._arms: dict[tuple[str, str], _ArmVerdicts] = {}
         self._lock = threading.Lock()
 
-    def record(self, judged: Judged) -> None:
+    def record(self, judged: Judged) -> tuple[float, ...]:
+        """Learn ``judged``; returns the audit's reading of it (``Judged.audit``) for the other replicas."""
         with self._lock:
             arm = self._arms.setdefault((judged.experiment_id, judged.arm), _ArmVerdicts())
             entry = arm.entries.pop(judged.entry_id, None) or _Window(ENTRY_WINDOW)
             arm.entries[judged.entry_id] = entry  # most recently judged last
             while len(arm.entries) > ENTRIES_REMEMBERED:
                 arm.entries.popitem(last=False)
-            _audited(arm, arm.clusters.get(judged.cluster), judged)
+            reading = _audited(arm, arm.clusters.get(judged.cluster), judged)
             cluster = arm.clusters.setdefault(judged.cluster, _Window(CLUSTER_WINDOW))
             for window in (entry, cluster, arm.arm):
                 window.add(float(judged.similarity), bool(judged.wrong), float(judged.check_prob))
+            return reading
 
     def threshold(self, experiment_id: str, arm: str, policy: ErrorBoundedThresholds, entry_id: str,
                   cluster: int, static: float) -> tuple[float, ThresholdSource]:
@@ -398,7 +409,7 @@ def _margin(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds) -> float | N
     return value
 
 
-def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> None:
+def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> tuple[float, ...]:
     """Keep ``judged`` for the audit, measured against the cut its cluster (the arm's, for a cluster
     without one yet) was last given: computed before this verdict arrived, so the audit is out of
     sample. Judged against cuts fitted on the same verdicts, the clusters whose few verdicts happened
@@ -407,22 +418,33 @@ def _audited(verdicts: _ArmVerdicts, window: _Window | None, judged: Judged) -> 
     margin counts only times when every cluster's lookups there were checkable (while serving nothing,
     the band below 1.0 reaches the lowest cut last): a per-verdict edge let clusters with nothing
     checkable drop out of the audit while still being served (bursts of 16% wrong at δ = 0.05).
-    Not before any cut (the arm has not decided yet)."""
+    Not before any cut (the arm has not decided yet). A verdict another replica measured
+    (``judged.audit`` set) is kept as it read it: each replica's own cuts differ a little (the
+    verdicts arrive in another order), and audits of the same verdicts must agree. Returns the reading
+    kept: (margin, edge, depth), or () for none."""
     last = window.cut if window is not None and window.cut is not None else verdicts.cut
-    if last is None:
-        return
+    if last is not None:
+        if verdicts.audit_policy not in (None, last[0]):  # another δ or confidence: another audit
+            verdicts.audit.clear()
+        verdicts.audit_policy = last[0]
+    reading = judged.audit if judged.audit is not None else _reading(verdicts, last, float(judged.similarity))
+    if reading:
+        margin, edge, depth = reading
+        verdicts.audit.append((float(margin), float(judged.wrong), float(judged.check_prob), float(edge), float(depth)))
+    return tuple(reading)
+
+
+def _reading(verdicts: _ArmVerdicts, last: tuple | None, similarity: float) -> tuple[float, ...]:
+    """This replica's audit reading of a verdict at ``similarity``, against the cut ``last`` (policy, cut)."""
+    if last is None or last[1] >= NOTHING_SAFE:
+        return ()
     policy, cut = last
-    if verdicts.audit_policy not in (None, policy):  # another δ or confidence: another audit
-        verdicts.audit.clear()
-    verdicts.audit_policy = policy
-    if cut < NOTHING_SAFE:
-        margin = verdicts.margin[1] if verdicts.margin is not None and verdicts.margin[0][1] == policy else None
-        serving = margin is not None and margin < NOTHING_SAFE
-        depth = (min(cut + margin, NOTHING_SAFE) if serving else NOTHING_SAFE) - float(judged.similarity)
-        # Serving nothing, checks come only from the band below 1.0, which reaches the lowest cut last.
-        edge = margin if serving else NOTHING_SAFE - _lowest_cut(verdicts, policy)
-        verdicts.audit.append((float(judged.similarity) - cut, float(judged.wrong), float(judged.check_prob),
-                               edge, depth))
+    margin = verdicts.margin[1] if verdicts.margin is not None and verdicts.margin[0][1] == policy else None
+    serving = margin is not None and margin < NOTHING_SAFE
+    depth = (min(cut + margin, NOTHING_SAFE) if serving else NOTHING_SAFE) - similarity
+    # Serving nothing, checks come only from the band below 1.0, which reaches the lowest cut last.
+    edge = margin if serving else NOTHING_SAFE - _lowest_cut(verdicts, policy)
+    return (similarity - cut, edge, depth)
 
 
 def _lowest_cut(verdicts: _ArmVerdicts, policy: ErrorBoundedThresholds) -> float:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from cache_core.decision.error_bound import Judged
@@ -122,13 +122,16 @@ class StateApplier:
     def _judged(self, change: Judged, origin: Origin) -> str:
         """Outcomes: replayed (from the log) or judged."""
         cache = self.cache
-        cache.hit_rule.verdicts.record(change)
+        reading = cache.hit_rule.verdicts.record(change)
         if origin == "log":
             return "replayed"
+        # The log and the other replicas get the audit's reading made here, so a replay and every
+        # replica's audit see this verdict as this replica did (error_bound.Judged.audit).
+        measured = change if change.audit is not None else replace(change, audit=reading)
         if cache.journal is not None:  # durable with the next sync, like a vote
-            cache.journal.record_judged(change)
+            cache.journal.record_judged(measured)
         if origin == "local" and cache.entry_feed is not None:
-            cache.entry_feed.judged(change)
+            cache.entry_feed.judged(measured)
         return "judged"
 
     # -- as logged ----------------------------------------------------------------------

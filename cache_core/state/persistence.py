@@ -143,7 +143,7 @@ class Journal:
     def record_judged(self, judged: Judged) -> None:
         self._append({"op": "judged", "exp": judged.experiment_id, "arm": judged.arm, "id": judged.entry_id,
                       "cluster": judged.cluster, "sim": judged.similarity, "wrong": judged.wrong,
-                      "p": judged.check_prob})
+                      "p": judged.check_prob, "audit": None if judged.audit is None else list(judged.audit)})
 
     def sync(self) -> None:
         """fsync the current segment if anything was written since the last sync."""
@@ -413,9 +413,11 @@ class Persistence:
                 elif op == "vote":
                     cache.apply(Vote(tuple(record["key"]), record["id"], record["unit"]), "log")
                 elif op == "judged":
+                    audit = record.get("audit")  # logs before the audit's reading: measured again
                     cache.apply(Judged(record["exp"], record["arm"], record["id"], int(record["cluster"]),
                                        float(record["sim"]), bool(record["wrong"]),
-                                       float(record.get("p", 1.0))), "log")  # logs before check_prob: 1
+                                       float(record.get("p", 1.0)),  # logs before check_prob: 1
+                                       None if audit is None else tuple(float(x) for x in audit)), "log")
                 report.replayed_records += 1
 
     # -- internals ----------------------------------------------------------------------

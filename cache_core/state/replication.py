@@ -144,7 +144,8 @@ class EntryFeed:
         self.publisher.publish_entry(EntryMessage(
             change="judged", origin=self.instance_id, experiment_id=judged.experiment_id, entry_id=judged.entry_id,
             judged=JudgedLookup(arm=judged.arm, cluster=judged.cluster, similarity=judged.similarity,
-                                wrong=judged.wrong, check_prob=judged.check_prob)))
+                                wrong=judged.wrong, check_prob=judged.check_prob,
+                                audit=None if judged.audit is None else list(judged.audit))))
 
     def purged(self, namespace: str, purged_at: float, match: EntryMatch) -> None:
         self.publisher.publish_entry(EntryMessage(change="purge", origin=self.instance_id, namespace=namespace,
@@ -361,9 +362,10 @@ class EntryFollower(TopicFollower):
                      message.vote.unit_id, message.experiment_id, message.vote.arm), "replica")
             return "own" if own else outcome
         if message.change == "judged":  # our own was recorded (and logged) when it was made
+            judged = message.judged
             return "own" if own else self.cache.apply(Judged(
-                message.experiment_id, message.judged.arm, message.entry_id, message.judged.cluster,
-                message.judged.similarity, message.judged.wrong, message.judged.check_prob), "replica")
+                message.experiment_id, judged.arm, message.entry_id, judged.cluster, judged.similarity,
+                judged.wrong, judged.check_prob, None if judged.audit is None else tuple(judged.audit)), "replica")
         outcome = self._apply_put(message)
         return "own" if own and outcome == "duplicate" else outcome
 

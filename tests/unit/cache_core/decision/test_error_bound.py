@@ -4,6 +4,8 @@ one noisy top verdict; the staircase estimator's bound holds and its levels fall
 option validates, and decide() uses it."""
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -12,6 +14,7 @@ from cache_core.decision import error_curves
 from cache_core.decision.error_bound import NOTHING_SAFE, Judged, VerdictBook, certified_threshold
 from cache_core.decision.error_evidence import wrong_upper_bound
 from cache_core.decision.rule import HitRule
+from cache_core.events import JudgedLookup
 from cache_core.experiments import ArmConfig, CanaryConfig, ErrorBoundedThresholds, verdicts_to_certify
 from cache_core.records import CacheEntry, Candidate
 
@@ -325,3 +328,42 @@ def test_check_probability_is_validated_and_round_trips():
     assert {row[2] for row in copy.export_state()["arms"][0]["arm_verdicts"]} == {1.0}
     with pytest.raises(ValueError):
         copy.load_state({"arms": [{**state["arms"][0], "arm_verdicts": [[0.9, 0, 0.0]]}]})
+
+
+def test_replicas_audit_the_same_verdicts_alike_whatever_cuts_each_had():
+    """A verdict's audit reading (margin over the cut in force, edge, depth) is made once, by the
+    replica that made the lookup, and travels with it: a replica that learns the same verdicts from
+    the entries topic, its own cuts computed at other moments, keeps the same audit rows. Without the
+    reading (a message from an older replica) it measures against its own cuts, and they differ."""
+    policy = ErrorBoundedThresholds(delta=0.05, audit=True)
+    rng = np.random.default_rng(3)
+    serving, follower, measuring = VerdictBook(), VerdictBook(), VerdictBook()
+    for step in range(4000):
+        entry, cluster, s = int(rng.integers(0, 200)), int(rng.integers(0, 6)), float(rng.uniform(0.6, 1.0))
+        theta, _ = serving.threshold("e", "a", policy, f"x{entry}", cluster, 1.0)
+        if s < theta - 0.1:
+            continue
+        made = Judged("e", "a", f"x{entry}", cluster, s, bool(rng.random() < 1 / (1 + np.exp(40 * (s - 0.8)))))
+        reading = serving.record(made)
+        assert reading == () or len(reading) == 3
+        follower.record(Judged(*astuple(made)[:-1], audit=reading))
+        measuring.record(made)
+        if step % 7 == 0:  # the others decide their own lookups at other moments: other cuts
+            for book in (follower, measuring):
+                book.threshold("e", "a", policy, f"x{(entry + 1) % 200}", (cluster + 1) % 6, 1.0)
+    audit = lambda book: list(book._arms[("e", "a")].audit)  # noqa: E731
+    assert len(audit(serving)) > 500
+    assert audit(follower) == audit(serving)
+    assert audit(measuring) != audit(serving)
+
+
+def test_an_audit_reading_is_three_numbers_or_none():
+    assert Judged("e", "a", "x", 0, 0.9, False, audit=()).audit == ()
+    with pytest.raises(ValueError, match="margin, edge, depth"):
+        Judged("e", "a", "x", 0, 0.9, False, audit=(0.1, 0.2))
+    fields = {"arm": "a", "cluster": 0, "similarity": 0.9, "wrong": False}
+    assert JudgedLookup(**fields).audit is None  # an older replica's message: the receiver measures
+    assert JudgedLookup(**fields, audit=[0.01, 0.0, 0.02]).audit == [0.01, 0.0, 0.02]
+    for bad in ([0.1, 0.2], [0.1, float("nan"), 0.2], [0.1] * 4):
+        with pytest.raises(ValidationError):
+            JudgedLookup(**fields, audit=bad)

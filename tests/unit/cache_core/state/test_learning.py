@@ -9,6 +9,7 @@ from kafka import TopicPartition
 
 from cache_core.cache import SemanticCache
 from cache_core.decision.error_bound import Judged
+from cache_core.events import EntryMessage
 from cache_core.experiments import ArmConfig
 from cache_core.registry import ExperimentRegistry
 from cache_core.settings import KafkaSettings
@@ -106,6 +107,9 @@ def test_a_follower_replica_learns_the_same_thresholds_from_the_entries_topic():
     assert a.hit_rule.verdicts.counts("exp", "a")["verdicts"] == 22  # the echo is not counted twice
     assert b.lookup("near", unit_id="u").hit
     assert not any(b"judged" in value for value in feed_b.values)  # b does not send it on
+    # each verdict travels with a's audit reading of it, so b's audit is a's (error_bound.Judged.audit)
+    sent = [m.judged for m in map(EntryMessage.model_validate_json, feed_a.values) if m.change == "judged"]
+    assert len(sent) == 22 and all(j.audit is not None for j in sent)
 
 
 def test_a_shadow_checks_rate_weighs_its_verdict_through_the_log_and_the_topic(tmp_path):
