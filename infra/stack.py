@@ -275,9 +275,22 @@ def _demo(args: argparse.Namespace) -> int:
     return _run(stack, stack.start_all, banner, traffic)
 
 
+SERVE_EXPERIMENTS = Path(__file__).resolve().parent / "serve-experiments.yaml"
+"""What ``serve`` starts with unless SCACHE_EXPERIMENTS_FILE names a file: arms meant for real traffic
+(the demo's file shows off the attribution views, with one arm at cosine 0.80)."""
+
+
+def serve_experiments(stack: Stack) -> Path:
+    """The experiments file ``serve`` gives the cache: the user's (SCACHE_EXPERIMENTS_FILE), else ours."""
+    if not configured("SCACHE_EXPERIMENTS_FILE"):
+        stack.env["SCACHE_EXPERIMENTS_FILE"] = str(SERVE_EXPERIMENTS)
+    return stack.settings().experiments_file
+
+
 def _serve(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir) if args.state_dir else scache_home() / "serve"
     stack = Stack(state_dir=state_dir, window_s=args.window_s)  # kept: the cache and its history survive a restart
+    experiments = serve_experiments(stack)
     cache_port = args.port or _preferred_port(os.environ.get("SCACHE_SERVICE__PORT") or 8000)
     dashboard_port = args.dashboard_port or _preferred_port(8501)
 
@@ -298,6 +311,8 @@ def _serve(args: argparse.Namespace) -> int:
                 f"  Model:           {model}\n"
                 f"  Kafka:           {_origin(stack, 'kafka', 'SCACHE_KAFKA__BOOTSTRAP_SERVERS')}\n"
                 f"  ClickHouse:      {_origin(stack, 'warehouse', 'SCACHE_CLICKHOUSE__URL')}\n"
+                f"  Experiments:     {experiments}"
+                f"{'' if configured('SCACHE_EXPERIMENTS_FILE') else '   (SCACHE_EXPERIMENTS_FILE=FILE for yours)'}\n"
                 f"  Auto-tune:       {autotune}\n"
                 f"  State and logs:  {state_dir} (kept across restarts)\n"
                 f"  Replay a log:    ./scache replay FILE [--rate N]\n  Ctrl-C stops everything.\n")

@@ -38,7 +38,7 @@ def test_the_wheel_holds_every_package_and_the_files_read_at_run_time(wheel):
     expected = {str(init.relative_to(REPO_ROOT)) for package in PACKAGES
                 for init in (REPO_ROOT / package).rglob("__init__.py")}
     assert expected <= names, sorted(expected - names)
-    data = {"infra/experiments.yaml", "infra/kafka/pom.xml", "infra/kafka/log4j2.properties", "infra/flink/pom.xml",
+    data = {"infra/experiments.yaml", "infra/serve-experiments.yaml", "infra/kafka/pom.xml", "infra/kafka/log4j2.properties", "infra/flink/pom.xml",
             *(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "infra/clickhouse/migrations").glob("*.sql"))}
     assert data <= names, sorted(data - names)
     assert not any(n.startswith(("tests/", "bench/", "data/")) for n in names)

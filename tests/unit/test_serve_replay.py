@@ -150,3 +150,21 @@ def test_a_canned_answer_stored_by_an_earlier_run_is_still_judged_by_its_label()
     assert judge.verdict(answer_for("change_pin"), asked) == "correct"
     assert judge.verdict(answer_for("lost_card"), asked) == "wrong"
     assert judge.verdict("[not canned] something else", asked) is None
+
+
+def test_serve_starts_with_arms_meant_for_real_traffic_unless_given_a_file(tmp_path, monkeypatch):
+    """Not the demo's arms (one at cosine 0.80, two-minute lifetimes): every arm of serve's own file
+    serves at 0.93 or above and keeps answers a day; a file the user names wins."""
+    from cache_core.experiments import load_experiments
+    from infra.stack import SERVE_EXPERIMENTS, serve_experiments
+
+    monkeypatch.delenv("SCACHE_EXPERIMENTS_FILE", raising=False)
+    path = serve_experiments(Stack(state_dir=tmp_path))
+    assert path == SERVE_EXPERIMENTS
+    arms = [arm for experiment in load_experiments(path).values() for arm in experiment.arms]
+    assert len(arms) >= 2 and all(arm.threshold >= 0.93 and arm.ttl_s >= 86400 for arm in arms)
+    assert {e.partition_mode for e in load_experiments(path).values()} == {"shared"}
+    own = _write(tmp_path, "mine.yaml", "experiments: []\n")
+    monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(own))
+    stack = Stack(state_dir=tmp_path)
+    assert serve_experiments(stack) == own and "SCACHE_EXPERIMENTS_FILE" not in stack.env
