@@ -5,13 +5,16 @@ When the memory tier must make room, its LRU victim is demoted here instead of d
 (``Partition.evict_for``): the whole entry goes into a SQLite file under the store's data
 directory (one file per store, ``Backends.disk_dir``), its vector as zstd-compressed float16
 (~0.5 kB instead of 1.5 kB at 384 dimensions) and its metadata as zstd-compressed JSON. What
-stays in memory per cold entry is a float16 scalar-quantised code in a FAISS index (768 B at
-384 dimensions, ``IndexScalarQuantizer`` scanned in full) and its id: no query or answer text,
-no float32 vector, no exact twin.
+stays in memory per cold entry is a code under its row's ``seq`` (cache_core.store.cold_codes:
+int8 in inverted lists, 384 B + an 8-byte id at 384 dimensions, float16 scanned in full while a
+scope holds fewer than 2,496): no query or answer text, no float32 vector, no Python object.
+The file maps entry ids to seqs (``entry_id UNIQUE``, ``seq`` its primary key) and is asked
+for every id look-up; ``seq`` only grows, so the oldest demoted is the smallest.
 
-A lookup searches both tiers (``Partition.search``); the disk candidates within the best
-``SEARCH_K`` are read back from the file and re-scored against their stored float16 vector
-(cosine within ~1e-3 of the float32 one), so a threshold meets (nearly) the true cosine. Served
+A lookup searches both tiers (``Partition.search``); the codes' best ``CANDIDATES`` are read
+back from the file (one query by primary key) and re-scored against their stored float16
+vector (cosine within ~1e-3 of the float32 one), so a threshold meets (nearly) the true
+cosine; those within the best ``SEARCH_K`` are then loaded whole. Served
 from disk, an entry is promoted: taken out of the file and inserted into memory (which may demote
 another). The tier that served each hit is in its event (``CacheEvent.tier``).
 
@@ -20,8 +23,8 @@ promotes it); expired rows are dropped by the sweeper and when met. Past ``capac
 oldest demoted go first (truly evicted). Invalidations, purges and clears reach disk entries as
 memory ones (``Partition.remove`` / ``remove_where``, ``Stores.take_namespace``).
 
-Durability: the file survives a restart and is reopened (its vectors re-read into the code
-index); demotion removes the entry from the write-ahead log's view (a logged removal), so the
+Durability: the file survives a restart and is reopened (each scope's codes rebuilt from its
+rows: at 10^6 that reads every row once); demotion removes the entry from the write-ahead log's view (a logged removal), so the
 two never both restore it. Not thread-safe: the partition's lock is held around every call.
 """
 from __future__ import annotations
@@ -32,13 +35,14 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-import faiss
 import numpy as np
 import zstandard
 
 from cache_core.records import CacheEntry
+from cache_core.store.cold_codes import CANDIDATES, POINTS_PER_CENTROID, ColdCodes, nlist_for
 
 ZSTD_LEVEL = 3
+REBUILD_CHUNK = 16384
 _META = ("entry_id", "query", "answer", "created_at", "ttl_s", "ttl_policy", "max_age_s", "namespace",
          "intent_cluster", "scope", "provenance_source", "provenance_version", "last_hit_at",
          "hit_count", "grace_s", "protected", "approx_bytes")
@@ -49,7 +53,7 @@ def file_for(directory: Path, key: tuple[str, str, str]) -> Path:
 
 
 class DiskTier:
-    """One store's cold entries: rows in a SQLite file, float16 codes in memory."""
+    """One store's cold entries: rows in a SQLite file, codes in memory (one ``ColdCodes`` a scope)."""
 
     def __init__(self, path: Path, dim: int, capacity: int):
         self.path = Path(path)
@@ -63,15 +67,16 @@ class DiskTier:
                          "entry_id TEXT UNIQUE NOT NULL, scope TEXT NOT NULL, expires_at REAL NOT NULL, "
                          "vec BLOB NOT NULL, meta BLOB NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS cold_expiry ON cold (expires_at)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS cold_scope ON cold (scope)")
         self._zc, self._zd = zstandard.ZstdCompressor(level=ZSTD_LEVEL), zstandard.ZstdDecompressor()
-        # scope -> fp16 codes under their row's seq. No per-entry Python object: the file maps
+        # scope -> codes under their row's seq. No per-entry Python object: the file maps
         # entry_id <-> seq (``entry_id UNIQUE``, ``seq`` its primary key).
-        self._codes: dict[str, faiss.Index] = {}
-        self.demotions = self.promotions = self.evictions = self.expirations = 0
+        self._codes: dict[str, ColdCodes] = {}
+        self.demotions = self.promotions = self.evictions = self.expirations = self.rebuilds = 0
         self._count = 0
-        for seq, scope, blob in self._db.execute("SELECT seq, scope, vec FROM cold"):
-            self._index(seq, scope, self._vector(blob))
-            self._count += 1
+        for scope, count in self._db.execute("SELECT scope, COUNT(*) FROM cold GROUP BY scope").fetchall():
+            self._rebuild(scope, count)
+            self._count += count
 
     def __len__(self) -> int:
         return self._count
@@ -80,9 +85,9 @@ class DiskTier:
         return self._row_of(entry_id) is not None
 
     def memory_bytes(self) -> int:
-        """Resident cost of the cold entries: a float16 code and an 8-byte id each (the id
-        mapping is the file's)."""
-        return len(self) * (2 * self.dim + 8)
+        """Resident cost of the cold entries: their codes and 8-byte ids (cold_codes: int8 in
+        inverted lists past 2,496 entries a scope, float16 below), no id mapping (the file's)."""
+        return sum(codes.nbytes() for codes in self._codes.values())
 
     # -- writes -------------------------------------------------------------------------
 
@@ -109,8 +114,8 @@ class DiskTier:
             return False
         seq, scope = found
         codes = self._codes[scope]
-        codes.remove_ids(np.array([seq], dtype=np.int64))
-        if codes.ntotal == 0:
+        codes.remove(seq)
+        if codes.live == 0:
             del self._codes[scope]
         self._db.execute("DELETE FROM cold WHERE seq = ?", (seq,))
         self._count -= 1
@@ -149,14 +154,21 @@ class DiskTier:
     # -- reads --------------------------------------------------------------------------
 
     def search(self, vec: np.ndarray, scope: str | None, k: int) -> list[tuple[str, float]]:
-        """Top-k (entry_id, approximate cosine from the float16 codes) of ``scope``."""
+        """Top-k (entry_id, cosine) of ``scope``, best first: the codes' best ``CANDIDATES``
+        re-scored from their rows' float16 vectors (one read by primary key)."""
         codes = self._codes.get(scope or "")
-        if codes is None or codes.ntotal == 0 or k <= 0:
+        if codes is None or codes.live == 0 or k <= 0:
             return []
-        scores, seqs = codes.search(np.asarray(vec, dtype=np.float32).reshape(1, -1), min(k, codes.ntotal))
-        found = [(int(s), float(score)) for score, s in zip(scores[0], seqs[0]) if s >= 0]
-        names = self._names([s for s, _ in found])
-        return [(names[s], score) for s, score in found if s in names]
+        seqs, _ = codes.search(vec, max(k, CANDIDATES))
+        if not len(seqs):
+            return []
+        marks = ",".join("?" * len(seqs))
+        rows = self._db.execute(f"SELECT entry_id, vec FROM cold WHERE seq IN ({marks})", seqs.tolist()).fetchall()
+        if not rows:
+            return []
+        scores = np.stack([self._vector(blob) for _, blob in rows]) @ np.asarray(vec, dtype=np.float32).reshape(-1)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [(rows[i][0], float(scores[i])) for i in order]
 
     def load(self, entry_id: str) -> CacheEntry | None:
         row = self._db.execute("SELECT vec, meta FROM cold WHERE entry_id = ?", (entry_id,)).fetchone()
@@ -179,16 +191,30 @@ class DiskTier:
         """(seq, scope) of ``entry_id``'s row, by the file's unique index on ``entry_id``."""
         return self._db.execute("SELECT seq, scope FROM cold WHERE entry_id = ?", (entry_id,)).fetchone()
 
-    def _names(self, seqs: list[int]) -> dict[int, str]:
-        """Entry ids of the rows ``seqs`` (by primary key; a seq no longer there is left out)."""
-        if not seqs:
-            return {}
-        marks = ",".join("?" * len(seqs))
-        return dict(self._db.execute(f"SELECT seq, entry_id FROM cold WHERE seq IN ({marks})", seqs))
-
     def _index(self, seq: int, scope: str, vec: np.ndarray) -> None:
         codes = self._codes.get(scope)
         if codes is None:
-            codes = self._codes[scope] = faiss.IndexIDMap(faiss.IndexScalarQuantizer(
-                self.dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT))
-        codes.add_with_ids(vec.reshape(1, -1).astype(np.float32), np.array([seq], dtype=np.int64))
+            codes = self._codes[scope] = ColdCodes(self.dim)
+        codes.add(np.array([seq], dtype=np.int64), vec)
+        if codes.outgrown():
+            self._rebuild(scope, codes.live)
+
+    def _rebuild(self, scope: str, count: int) -> None:
+        """``scope``'s codes anew from the file, with the lists its size calls for: trained on
+        a random sample of its rows, then filled in chunks (no float copy of all rows at once)."""
+        nlist = nlist_for(count)
+        codes = ColdCodes(self.dim, nlist)
+        if not codes.trained:
+            sample = self._db.execute("SELECT vec FROM cold WHERE scope = ? ORDER BY random() LIMIT ?",
+                                      (scope, POINTS_PER_CENTROID * nlist)).fetchall()
+            codes.train(np.stack([self._vector(blob) for (blob,) in sample]))
+            del sample
+        self._codes.pop(scope, None)  # the old structure goes before the new one fills
+        cursor = self._db.execute("SELECT seq, vec FROM cold WHERE scope = ?", (scope,))
+        while chunk := cursor.fetchmany(REBUILD_CHUNK):
+            codes.add(np.array([seq for seq, _ in chunk], dtype=np.int64),
+                      np.stack([self._vector(blob) for _, blob in chunk]))
+        codes.finish_bulk()
+        if codes.live:
+            self._codes[scope] = codes
+        self.rebuilds += 1

@@ -160,3 +160,44 @@ def test_the_tier_maps_ids_through_its_file_and_evicts_by_seq(tmp_path):
     again = DiskTier(tmp_path / "t.sqlite", DIM, 3)
     assert len(again) == 2 and {e.entry_id for e in again.entries()} == {entries[1].entry_id, entries[4].entry_id}
     assert again.search(entries[4].embedding, None, 1)[0][0] == entries[4].entry_id
+
+
+def cold_entry(i: int, vec: np.ndarray, scope: str | None = None):
+    from cache_core.records import CacheEntry
+
+    return CacheEntry(entry_id=f"e{i}", query=f"q {i}", embedding=vec, answer=f"a {i}", created_at=0.0,
+                      ttl_s=1e9, ttl_policy="absolute", max_age_s=1e9, namespace="default",
+                      intent_cluster=-1, scope=scope)
+
+
+def test_a_large_tier_searches_int8_inverted_lists_and_rescores_from_the_file(tmp_path, monkeypatch):
+    from cache_core.store import cold_codes
+
+    monkeypatch.setattr(cold_codes, "MIN_NLIST", 4)  # IVF from 156 entries, not 2,496
+    monkeypatch.setattr(cold_codes, "MAX_NLIST", 16)
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((800, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 701)
+    for i, vec in enumerate(vecs):
+        tier.put(cold_entry(i, vec))
+    tier.put(cold_entry(10_000, vecs[0], scope="conv"))  # another scope: its own (flat) codes
+    assert len(tier) == 701 and tier.evictions == 100 and tier.rebuilds == 3
+    codes = tier._codes[""]
+    assert codes.nlist == 16 and codes.live == 700 and "e99" not in tier and "e100" in tier
+    found = [tier.search(vecs[i], None, 3) for i in range(100, 800)]
+    hits = sum(f[0][0] == f"e{i}" for i, f in zip(range(100, 800), found))
+    assert hits >= 0.9 * 700  # nprobe 8 of 16 lists on random 16-d vectors
+    assert all(f[0][1] == pytest.approx(1.0, abs=2e-3) for i, f in zip(range(100, 800), found) if f[0][0] == f"e{i}")
+    assert tier.search(vecs[0], "conv", 1) == [("e10000", pytest.approx(1.0, abs=2e-3))]
+    assert all(e != "e0" for e, _ in tier.search(vecs[0], None, 5))  # evicted: not in the file
+    for i in range(100, 200):
+        assert tier.remove(f"e{i}")
+    assert codes.live == 600 and codes._index.ntotal < 700  # removals compacted in batches
+    assert all(e != "e150" for e, _ in tier.search(vecs[150], None, 5))
+    assert tier.memory_bytes() < 700 * (DIM + 8) + 16 * DIM * 4 + 8 * 64 + 2 * (2 * DIM + 8)
+    tier.close()
+    again = DiskTier(tmp_path / "t.sqlite", DIM, 701)
+    assert len(again) == 601 and again._codes[""].nlist == 8 and again._codes[""].live == 600
+    assert again.search(vecs[500], None, 1)[0][0] == "e500" and "e150" not in again
+    assert again.search(vecs[0], "conv", 1)[0][0] == "e10000"
