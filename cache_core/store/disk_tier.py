@@ -67,16 +67,13 @@ class DiskTier:
                          "entry_id TEXT UNIQUE NOT NULL, scope TEXT NOT NULL, expires_at REAL NOT NULL, "
                          "vec BLOB NOT NULL, meta BLOB NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS cold_expiry ON cold (expires_at)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS cold_scope ON cold (scope)")
         self._zc, self._zd = zstandard.ZstdCompressor(level=ZSTD_LEVEL), zstandard.ZstdDecompressor()
         # scope -> codes under their row's seq. No per-entry Python object: the file maps
         # entry_id <-> seq (``entry_id UNIQUE``, ``seq`` its primary key).
         self._codes: dict[str, ColdCodes] = {}
         self.demotions = self.promotions = self.evictions = self.expirations = self.rebuilds = 0
         self._count = 0
-        for scope, count in self._db.execute("SELECT scope, COUNT(*) FROM cold GROUP BY scope").fetchall():
-            self._rebuild(scope, count)
-            self._count += count
+        self._reopen()
 
     def __len__(self) -> int:
         return self._count
@@ -198,6 +195,19 @@ class DiskTier:
         codes.add(np.array([seq], dtype=np.int64), vec)
         if codes.outgrown():
             self._rebuild(scope, codes.live)
+
+    def _reopen(self) -> None:
+        """Codes from the file's rows: a scope large enough for inverted lists rebuilt on its
+        own (a pass over the file each: few scopes are), the small ones in one pass."""
+        counts = dict(self._db.execute("SELECT scope, COUNT(*) FROM cold GROUP BY scope").fetchall())
+        self._count = sum(counts.values())
+        large = {scope for scope, count in counts.items() if nlist_for(count)}
+        for scope in large:
+            self._rebuild(scope, counts[scope])
+        if len(large) < len(counts):
+            for seq, scope, blob in self._db.execute("SELECT seq, scope, vec FROM cold"):
+                if scope not in large:
+                    self._codes.setdefault(scope, ColdCodes(self.dim)).add(np.array([seq]), self._vector(blob))
 
     def _rebuild(self, scope: str, count: int) -> None:
         """``scope``'s codes anew from the file, with the lists its size calls for: trained on
