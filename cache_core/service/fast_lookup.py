@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import json
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -71,8 +70,8 @@ class FastLookup:
         raw = b"".join(chunks)
         try:
             body = LookupRequest.model_validate(json.loads(raw)) if raw else None
-        except (ValueError, ValidationError):  # JSONDecodeError, UnicodeDecodeError: FastAPI's answer
-            body = None
+        except Exception:  # not JSON, not UTF-8, nested too deep (RecursionError), not a LookupRequest:
+            body = None    # FastAPI reads it again and answers as it does
         if body is None:
             await self.app(scope, _replay([raw], receive), send)
             return

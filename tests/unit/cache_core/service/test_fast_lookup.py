@@ -76,12 +76,14 @@ def test_the_fast_path_answers_as_the_route_does(api, case, body, key):
         assert quick.headers["content-type"] == "application/json"
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"", b'["a"]', b'{"query": 5, "unit_id": "u"}', b"\xff\xfe"])
+@pytest.mark.parametrize("raw", [b"{not json", b"", b'["a"]', b'{"query": 5, "unit_id": "u"}', b"\xff\xfe",
+                                 b"[" * 100_000 + b"]" * 100_000], ids=["not json", "empty", "a list", "a wrong type",
+                                                                        "not utf-8", "nested 100k deep"])
 def test_bodies_it_cannot_read_get_fastapis_own_answer(api, raw):
     fast = fast_path(api.app)
     before = fast.answered
     quick, routed = post(api, raw, PLAIN), post(api, raw, VIA_FASTAPI)
-    assert quick.status_code == routed.status_code == 422
+    assert quick.status_code == routed.status_code and 400 <= quick.status_code < 500
     assert quick.json() == routed.json()
     assert fast.answered == before
 
