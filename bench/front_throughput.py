@@ -25,7 +25,8 @@ loop's (main) thread alone (the rest is the encoder's), and under ``stalls`` whe
 stop inside the service: the event loop's worst lag, garbage-collector pauses, the slowest encode call
 (``StallRecorder``).
 
-Writes bench/results/front_throughput[-TAG].json.
+Writes bench/results/front_throughput[-TAG].json and a PNG of the same name (lookups/s and p99 per
+round and level, each build a colour; ``--plot-only JSON`` redraws one from a saved result).
 """
 from __future__ import annotations
 
@@ -442,6 +443,44 @@ async def run(args) -> dict:
     return out
 
 
+def plot(out: dict, path: Path, title: str) -> None:
+    """Per concurrency level: lookups/s (top) and p99 (bottom) in each round, one line per build, and
+    the bare encode's p50 under the c1 panel's p50 for the "within 1.5x" reading."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = out["rounds"]
+    builds = [name for name in rounds[0] if name != "bare_encode_ms"]
+    levels = list(rounds[0][builds[0]])
+    fig, axes = plt.subplots(2, len(levels), figsize=(4.2 * len(levels), 6.4), squeeze=False)
+    xs = list(range(1, len(rounds) + 1))
+    for col, level in enumerate(levels):
+        top, bottom = axes[0][col], axes[1][col]
+        for name in builds:
+            top.plot(xs, [r[name][level]["lookups_per_s"] for r in rounds], marker="o", label=name)
+            metric = "p50_ms" if level == "c1" else "p99_ms"
+            bottom.plot(xs, [r[name][level][metric] for r in rounds], marker="o", label=f"{name} {metric[:3]}")
+        if level == "c1":
+            bottom.plot(xs, [1.5 * r["bare_encode_ms"][level] for r in rounds], "k--", label="1.5 x bare encode")
+        elif level == "c32":
+            top.axhline(300, color="grey", linestyle=":", label="goal 300/s")
+            bottom.axhline(100, color="grey", linestyle=":", label="goal p99 100 ms")
+        top.set_title(f"{level}: lookups/s")
+        bottom.set_title(f"{level}: {'p50' if level == 'c1' else 'p99'} ms")
+        for ax in (top, bottom):
+            ax.set_xlabel("round")
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        top.set_ylim(bottom=0)
+        bottom.set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", default=None, help="a git commit to compare with the working tree")
@@ -454,6 +493,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile each service's event-loop thread (pyinstrument) into bench/results")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of a saved result JSON")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stalls-to", type=Path, default=None, help=argparse.SUPPRESS)
@@ -461,11 +501,17 @@ def main() -> None:
     if args.serve is not None:
         serve(args.serve, args.entries, args.backend, args.profile_to, args.stalls_to)
         return
+    if args.plot_only is not None:
+        out = json.loads(args.plot_only.read_text())
+        plot(out, args.plot_only.with_suffix(".png"), f"{args.plot_only.stem}: {out['entries']} entries, "
+             f"{out['backend']}, {out['seconds']} s per level, before = {out['before']}")
+        return
     out = asyncio.run(run(args))
     print(json.dumps({k: v for k, v in out.items() if k.endswith("_median")} or out["rounds"][-1], indent=1))
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
     (RESULTS / f"front_throughput{tag}.json").write_text(json.dumps(out, indent=1))
+    plot(out, RESULTS / f"front_throughput{tag}.png", f"front_throughput{tag}: {' '.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":
