@@ -154,7 +154,7 @@ def test_a_canned_answer_stored_by_an_earlier_run_is_still_judged_by_its_label()
 
 def test_serve_starts_with_arms_meant_for_real_traffic_unless_given_a_file(tmp_path, monkeypatch):
     """Not the demo's arms (one at cosine 0.80, two-minute lifetimes): every arm of serve's own file
-    serves at 0.93 or above and keeps answers a day; a file the user names wins."""
+    serves at 0.95 or above and keeps answers a day; a file the user names wins."""
     from cache_core.experiments import load_experiments
     from infra.stack import SERVE_EXPERIMENTS, serve_experiments
 
@@ -162,7 +162,7 @@ def test_serve_starts_with_arms_meant_for_real_traffic_unless_given_a_file(tmp_p
     path = serve_experiments(Stack(state_dir=tmp_path))
     assert path == SERVE_EXPERIMENTS
     arms = [arm for experiment in load_experiments(path).values() for arm in experiment.arms]
-    assert len(arms) >= 2 and all(arm.threshold >= 0.93 and arm.ttl_s >= 86400 for arm in arms)
+    assert len(arms) >= 2 and all(arm.threshold >= 0.95 and arm.ttl_s >= 86400 for arm in arms)
     assert {e.partition_mode for e in load_experiments(path).values()} == {"shared"}
     own = _write(tmp_path, "mine.yaml", "experiments: []\n")
     monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(own))
