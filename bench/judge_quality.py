@@ -40,7 +40,8 @@ from cache_core.decision.judge_model import LearnedJudge
 from cache_core.decision.judge_shared_pairs import load_pairs
 from cache_core.decision.judge_tokens import (TokenVectorCache, token_encoder, torch_token_encoder,
                                               uncached_token_encoder)
-from cache_core.decision.judge_train import curve, featurise, fit_artifact, fit_with_own_labels, split
+from cache_core.decision.judge_cuts import curve
+from cache_core.decision.judge_train import featurise, fit_artifact, fit_with_own_labels, split
 from cache_core.runtime import scache_home
 from infra.runtime import shared_data_dir
 

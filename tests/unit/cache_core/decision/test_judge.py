@@ -327,18 +327,51 @@ def test_a_version_1_artifact_without_a_blend_still_loads(tmp_path, artifact):
     assert np.allclose(loaded.probabilities(X), artifact.calibration(artifact.trees.raw(X)))
 
 
-def test_trained_on_public_sets_alone_each_cut_is_the_strictest_over_the_sets():
+def _public_sets() -> tuple[list, list]:
     pairs = labelled_pairs(800, seed=2)
     sources = ["easy" if i % 3 else "hard" for i in range(len(pairs))]
     # the "hard" set has a third of its duplicates mislabelled: its own cut must be stricter
     noisy = [(a, b, 0 if (s == "hard" and y == 1 and i % 9 == 1) else y)
              for i, ((a, b, y), s) in enumerate(zip(pairs, sources))]
-    judged = train([], noisy, fake_encode, fake_tokens, version="t2", encoder="fake", seed=0, extra_sources=sources)
+    return noisy, sources
+
+
+def test_trained_on_public_sets_alone_each_cut_is_the_strictest_over_the_sets():
+    noisy, sources = _public_sets()
+    judged = train([], noisy, fake_encode, fake_tokens, version="t2", encoder="fake", seed=0, extra_sources=sources,
+                   shared_cut="sources")
     per_source = judged.report["source_operating_points"]
     assert judged.report["operating_points_rule"] == "strictest over sources"
     for key, cut in judged.operating_points.items():
         assert cut == max(judged.report["operating_points"][key]["accept_at"],
                           *(pts[key]["accept_at"] for pts in per_source.values() if pts[key]["false_hit"] is not None))
+
+
+def test_trained_on_public_sets_alone_the_cut_also_holds_on_each_set_left_out():
+    """The default: each set left out in turn; the shipped cut is no looser than the sources' rule and
+    serves on the held-out rows no more of the known duplicates than the smallest share that holding the
+    target on a left-out set cost."""
+    from cache_core.decision.judge_cuts import served_share
+    from cache_core.decision.judge_train import featurise, split
+
+    noisy, sources = _public_sets()
+    judged = train([], noisy, fake_encode, fake_tokens, version="t3", encoder="fake", seed=0, extra_sources=sources)
+    report = judged.report
+    assert report["operating_points_rule"] == "strictest over sources, then kinds left out"
+    assert set(report["kind_left_out_points"]) == {"easy", "hard"}
+    before = report["operating_points_by_rule"]["strictest over sources"]
+    assert report["operating_points_by_rule"]["kinds left out"] == judged.operating_points
+    assert before == train([], noisy, fake_encode, fake_tokens, version="t3", encoder="fake", seed=0,
+                           extra_sources=sources, shared_cut="sources").operating_points
+    y = np.array([p[2] for p in noisy])
+    _, ho = split(len(y), y, 0.2, 0)
+    X = featurise(noisy, fake_encode, fake_tokens)
+    for key, cut in judged.operating_points.items():
+        assert cut >= before[key]
+        shares = [pts[key]["known_share"] for pts in report["kind_left_out_points"].values()
+                  if pts[key]["known_share"] is not None]
+        if shares:
+            assert served_share(judged.probabilities(X[ho]), y[ho], cut) <= min(shares) + 1e-9
 
 
 def test_warehouse_verdicts_fold_into_pairs_one_per_request_the_users_first():
@@ -366,7 +399,7 @@ def test_train_from_an_unreachable_warehouse_is_one_line_and_exit_2(monkeypatch,
 
 
 def test_operating_points_keep_their_target_on_fresh_pairs_more_often_than_the_point_estimate():
-    from cache_core.decision.judge_train import CUT_CONFIDENCE, operating_points
+    from cache_core.decision.judge_cuts import CUT_CONFIDENCE, operating_points
 
     def draw(rng, n):  # duplicates score higher on average; the tail still holds some non-duplicates
         y = (rng.random(n) < 0.5).astype(int)

@@ -1,0 +1,53 @@
+"""Where a judge cuts (cache_core.decision.judge_cuts): the sources' rule and the unseen-kind rule."""
+from __future__ import annotations
+
+import numpy as np
+
+from cache_core.decision.judge_cuts import (NOTHING, cut_serving, left_out_kind_point, served_share,
+                                            strictest_over_sources, unseen_kind_cuts)
+
+
+def test_cut_serving_serves_at_most_the_share_and_nothing_below_one_duplicate():
+    prob = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.95])
+    y = np.array([1, 1, 1, 1, 0, 0])
+    assert cut_serving(prob, y, 0.5) == 0.8 and served_share(prob, y, 0.8) == 0.5
+    assert cut_serving(prob, y, 0.74) == 0.8  # 2.96 duplicates: two, never a third
+    assert cut_serving(prob, y, 1.0) == 0.6
+    assert cut_serving(prob, y, 0.2) == NOTHING and served_share(prob, y, NOTHING) == 0.0
+
+
+def test_strictest_over_sources_skips_a_source_no_cut_holds_on():
+    per_source = {"a": {"0.05": {"accept_at": 0.7, "false_hit": 0.03}},
+                  "b": {"0.05": {"accept_at": NOTHING, "false_hit": None}}}
+    assert strictest_over_sources({"0.05": 0.6}, per_source) == {"0.05": 0.7}
+
+
+def _shifted_kind(rng, n=4000):
+    """A left-out kind whose wrong pairs score as high as its duplicates above 0.8: only the very top holds."""
+    y = (rng.random(n) < 0.5).astype(int)
+    prob = np.where(y == 1, rng.uniform(0.5, 1.0, n), rng.uniform(0.0, 0.95, n))
+    return prob, y
+
+
+def test_a_left_out_kind_that_needs_a_strict_cut_raises_the_shipped_one_by_what_it_cost():
+    rng = np.random.default_rng(0)
+    known_prob = rng.uniform(0, 1, 2000)
+    known_y = (rng.random(2000) < known_prob).astype(int)
+    prob_kind, y_kind = _shifted_kind(rng)
+    point = left_out_kind_point(prob_kind, y_kind, known_prob, known_y)["0.05"]
+    assert point["accept_at"] > 0.9  # the wrong pairs reach 0.95: the cut that holds 5% sits near it
+    assert point["known_share"] == served_share(known_prob, known_y, point["accept_at"])
+    easy = {"0.05": {"accept_at": 0.6, "false_hit": 0.01, "known_share": 0.8}}
+    lost = {"0.05": {"accept_at": NOTHING, "false_hit": None, "known_share": None}}
+    final_prob, final_y = rng.uniform(0, 1, 1000), rng.integers(0, 2, 1000)
+    cuts = unseen_kind_cuts({"0.05": 0.5}, final_prob, final_y,
+                            {"easy": easy, "shifted": {"0.05": point}, "lost": lost})
+    # the shifted kind's share decides (the smaller), the kind no cut held on is left out
+    assert served_share(final_prob, final_y, cuts["0.05"]) <= point["known_share"] + 1e-9
+    assert cuts["0.05"] == cut_serving(final_prob, final_y, point["known_share"])
+    # never looser than the cut it is given; no kind that held: the given cut
+    assert unseen_kind_cuts({"0.05": 0.999}, final_prob, final_y, {"shifted": {"0.05": point}}) == {"0.05": 0.999}
+    assert unseen_kind_cuts({"0.05": 0.5}, final_prob, final_y, {"lost": lost}) == {"0.05": 0.5}
+    # a cut that already serves no more than the share stays where it is
+    assert unseen_kind_cuts({"0.05": 0.5}, final_prob, final_y, {"easy": {"0.05": {"known_share": 1.0}}}) == \
+        {"0.05": 0.5}
