@@ -15,8 +15,9 @@ shadow verdicts (``judge_verdicts``; the replicas must emit question texts); the
 the user's own pairs. ``--shared-data`` adds the project's public labelled sets (MRPC,
 STS-B, banking77 nearest-neighbour pairs, GPTCache's mock pairs; see ``shared_pairs``).
 Trained on public sets alone, the judge blends its score with the cosine (the lower of the two
-percentiles) and cuts at the strictest of the sets' operating points (``fit_artifact``): no
-domain is known yet. With the user's own pairs, the blend is the one that serves the most on
+percentiles) and cuts at the strictest of the sets' operating points (``fit_artifact``), then
+no looser than holding each target on every set left out in turn allows (``unseen_kind_cut``):
+no domain is known yet, so the cut allows for a kind no set shows. With the user's own pairs, the blend is the one that serves the most on
 their held-out rows (``choose_blend``).
 
 Steps: features (``judge_features``) with the cache's own encoder; boosted trees; Platt
