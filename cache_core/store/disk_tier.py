@@ -90,6 +90,21 @@ class DiskTier:
 
     def put(self, entry: CacheEntry) -> None:
         """Demote ``entry`` (replacing a row of the same id); the oldest go past capacity."""
+        self._demote(entry)
+        self._evict_past_capacity()
+
+    def put_many(self, entries: list[CacheEntry]) -> None:
+        """``put`` each in one transaction (a bulk fill: one commit, not one per row; the
+        codes are added one by one as ``put`` adds them)."""
+        self._db.execute("BEGIN")
+        try:
+            for entry in entries:
+                self._demote(entry)
+        finally:
+            self._db.execute("COMMIT")
+        self._evict_past_capacity()
+
+    def _demote(self, entry: CacheEntry) -> None:
         self.remove(entry.entry_id)
         vec = np.asarray(entry.embedding, dtype=np.float16).reshape(-1)
         meta = {name: getattr(entry, name) for name in _META}
@@ -100,6 +115,8 @@ class DiskTier:
         self._index(cur.lastrowid, entry.scope or "", vec.astype(np.float32))
         self._count += 1
         self.demotions += 1
+
+    def _evict_past_capacity(self) -> None:
         while self._count > self.capacity:  # seq only grows: the smallest is the oldest demoted
             oldest = self._db.execute("SELECT entry_id FROM cold ORDER BY seq LIMIT 1").fetchone()
             self.remove(oldest[0])

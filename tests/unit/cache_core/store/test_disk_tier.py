@@ -201,3 +201,15 @@ def test_a_large_tier_searches_int8_inverted_lists_and_rescores_from_the_file(tm
     assert len(again) == 601 and again._codes[""].nlist == 8 and again._codes[""].live == 600
     assert again.search(vecs[500], None, 1)[0][0] == "e500" and "e150" not in again
     assert again.search(vecs[0], "conv", 1)[0][0] == "e10000"
+
+
+def test_put_many_is_put_in_one_transaction(tmp_path):
+    rng = np.random.default_rng(1)
+    vecs = rng.standard_normal((6, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 4)
+    tier.put_many([cold_entry(i, vec) for i, vec in enumerate(vecs)] + [cold_entry(5, vecs[5])])
+    assert len(tier) == 4 and tier.evictions == 2 and tier.demotions == 7 and "e1" not in tier
+    assert tier.search(vecs[5], None, 1)[0][0] == "e5"
+    tier.close()
+    assert len(DiskTier(tmp_path / "t.sqlite", DIM, 4)) == 4
