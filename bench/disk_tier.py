@@ -113,7 +113,14 @@ def _child(version: str, rev: str | None, kind: str, memory: int, size: int, n_q
         if bulk:  # the cold part straight into the tier, one transaction per batch
             hot = hot[size - memory:]
             for start in range(0, size - memory, BULK_BATCH):
-                store.disk.put_many([made(i) for i in order[start:min(start + BULK_BATCH, size - memory)].tolist()])
+                batch = [made(i) for i in order[start:min(start + BULK_BATCH, size - memory)].tolist()]
+                if hasattr(store.disk, "put_many"):
+                    store.disk.put_many(batch)
+                else:  # an earlier tier: the same transaction around its put
+                    store.disk._db.execute("BEGIN")
+                    for entry in batch:
+                        store.disk.put(entry)
+                    store.disk._db.execute("COMMIT")
         for i in hot:
             entry = made(i)
             store.evict_for(entry.approx_bytes, now)
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--before-rev", default=None, help="also run the disk tier of this git revision")
     parser.add_argument("--before-queries", type=int, default=60)
+    parser.add_argument("--before-only", action="store_true", help="with --before-rev: only that revision")
     parser.add_argument("--bulk", action="store_true",
                         help="fill the cold part with DiskTier.put_many (one commit per 10,000) instead of a demotion per insert")
     parser.add_argument("--merge", default="", help="comma-separated earlier <out> names whose rows come first")
@@ -195,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
             for row in json.loads((RESULTS / f"{name}.json").read_text())["rows"]]
     for size in [int(s) for s in args.sizes.split(",") if s]:
         versions = ([("before", args.before_rev, args.before_queries)] if args.before_rev else []) \
-            + [("after", None, args.queries)]
+            + ([] if args.before_only else [("after", None, args.queries)])
         for version, rev, queries in versions:
             row = run(version, rev, args.kind, args.memory, size, queries, args.bulk)
             rows.append(row)
