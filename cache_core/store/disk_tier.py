@@ -168,8 +168,14 @@ class DiskTier:
     # -- reads --------------------------------------------------------------------------
 
     def search(self, vec: np.ndarray, scope: str | None, k: int) -> list[tuple[str, float]]:
-        """Top-k (entry_id, cosine) of ``scope``, best first: the codes' best ``CANDIDATES``
-        re-scored from their rows' float16 vectors (one read by primary key)."""
+        """Top-k (entry_id, cosine) of ``scope``, best first (``candidates`` without the entries)."""
+        return [(entry.entry_id, sim) for entry, sim in self.candidates(vec, scope, k)]
+
+    def candidates(self, vec: np.ndarray, scope: str | None, k: int,
+                   floor: float = -np.inf) -> list[tuple[CacheEntry, float]]:
+        """Top-k (entry, cosine) of ``scope`` above ``floor``, best first: the codes' best
+        ``CANDIDATES`` re-scored from their rows' float16 vectors, read with their metadata in
+        one query by primary key (only the top k decoded into entries)."""
         codes = self._codes.get(scope or "")
         if codes is None or codes.live == 0 or k <= 0:
             return []
@@ -177,12 +183,13 @@ class DiskTier:
         if not len(seqs):
             return []
         marks = ",".join("?" * len(seqs))
-        rows = self._db.execute(f"SELECT entry_id, vec FROM cold WHERE seq IN ({marks})", seqs.tolist()).fetchall()
+        rows = self._db.execute(f"SELECT vec, meta FROM cold WHERE seq IN ({marks})", seqs.tolist()).fetchall()
         if not rows:
             return []
-        scores = np.stack([self._vector(blob) for _, blob in rows]) @ np.asarray(vec, dtype=np.float32).reshape(-1)
+        vecs = [self._vector(blob) for blob, _ in rows]
+        scores = np.stack(vecs) @ np.asarray(vec, dtype=np.float32).reshape(-1)
         order = np.argsort(-scores, kind="stable")[:k]
-        return [(rows[i][0], float(scores[i])) for i in order]
+        return [(self._entry(vecs[i], rows[i][1]), float(scores[i])) for i in order if scores[i] > floor]
 
     def load(self, entry_id: str) -> CacheEntry | None:
         row = self._db.execute("SELECT vec, meta FROM cold WHERE entry_id = ?", (entry_id,)).fetchone()
@@ -196,10 +203,11 @@ class DiskTier:
     def _vector(self, blob: bytes) -> np.ndarray:
         return np.frombuffer(self._zd.decompress(blob), dtype=np.float16).astype(np.float32)
 
-    def _entry(self, vec_blob: bytes, meta_blob: bytes) -> CacheEntry:
+    def _entry(self, vec: bytes | np.ndarray, meta_blob: bytes) -> CacheEntry:
         meta = json.loads(self._zd.decompress(meta_blob))
         wrong = frozenset(meta.pop("wrong_units", []))
-        return CacheEntry(embedding=self._vector(vec_blob), wrong_units=wrong, **meta)
+        embedding = vec if isinstance(vec, np.ndarray) else self._vector(vec)
+        return CacheEntry(embedding=embedding, wrong_units=wrong, **meta)
 
     def _row_of(self, entry_id: str) -> tuple[int, str] | None:
         """(seq, scope) of ``entry_id``'s row, by the file's unique index on ``entry_id``."""

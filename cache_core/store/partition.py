@@ -245,18 +245,13 @@ class Partition:
 
     def _with_cold(self, vec: np.ndarray, scope: str | None, now: float, k: int,
                    hot: list[Candidate]) -> list[Candidate]:
-        """``hot`` merged with the disk tier's candidates that make the top ``k`` (read back
-        from the file only those)."""
+        """``hot`` merged with the disk tier's candidates that make the top ``k`` (decoded from
+        the file only those)."""
         merged = list(hot)
         floor = hot[k - 1].similarity if len(hot) >= k else -np.inf
-        for entry_id, sim in self.disk.search(vec, scope, k):
-            if sim <= floor:
-                break
-            entry = self.disk.load(entry_id)
-            if entry is None:
-                continue
+        for entry, sim in self.disk.candidates(vec, scope, k, floor):
             if not entry.alive(now):
-                self.disk.remove(entry_id)
+                self.disk.remove(entry.entry_id)
                 self.disk.expirations += 1
                 continue
             merged.append(Candidate(entry, sim, tier="disk"))
