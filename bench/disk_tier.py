@@ -172,7 +172,7 @@ def plot(rows: list[dict], path: Path) -> None:
         for ax, column in zip(axes, ("bytes_per_entry", "search_cpu_p99_ms", "recall_at_1", "fill_per_s")):
             ax.plot(sizes, [r[column] for r in group], marker="o", label=version)
     for ax, title in zip(axes, ("resident bytes per entry, all in", "search CPU p99 (ms, 1 thread)",
-                                "recall@1 vs exact float32", "fill (entries/s, a demotion each)")):
+                                "recall@1 vs exact float32", "fill (entries/s; --bulk rows: cold part by put_many)")):
         ax.set_xscale("log")
         ax.set_xlabel("entries (memory tier 10^4, the rest on disk)")
         ax.set_title(title, fontsize=10)
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--before-rev", default=None, help="also run the disk tier of this git revision")
     parser.add_argument("--before-queries", type=int, default=60)
+    parser.add_argument("--label", default="after", help="the current tree's rows are named so")
     parser.add_argument("--before-only", action="store_true", help="with --before-rev: only that revision")
     parser.add_argument("--bulk", action="store_true",
                         help="fill the cold part with DiskTier.put_many (one commit per 10,000) instead of a demotion per insert")
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
             for row in json.loads((RESULTS / f"{name}.json").read_text())["rows"]]
     for size in [int(s) for s in args.sizes.split(",") if s]:
         versions = ([("before", args.before_rev, args.before_queries)] if args.before_rev else []) \
-            + ([] if args.before_only else [("after", None, args.queries)])
+            + ([] if args.before_only else [(args.label, None, args.queries)])
         for version, rev, queries in versions:
             row = run(version, rev, args.kind, args.memory, size, queries, args.bulk)
             rows.append(row)
