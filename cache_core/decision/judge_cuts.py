@@ -115,4 +115,8 @@ def unseen_kind_cuts(cuts: dict[str, float], prob_known: np.ndarray, y_known: np
             out[key] = cut  # already serves no more than that
         else:
             out[key] = max(cut, cut_serving(prob_known, y_known, min(shares)))
+    # A tighter target never cuts below a looser one's: at 2% no left-out kind may have held at
+    # any cut (nothing to carry over), while the 5% cut did move.
+    for key in sorted(out, key=float):
+        out[key] = max([out[key]] + [out[k] for k in out if float(k) > float(key)])
     return out

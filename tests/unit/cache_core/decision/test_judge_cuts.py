@@ -51,3 +51,12 @@ def test_a_left_out_kind_that_needs_a_strict_cut_raises_the_shipped_one_by_what_
     # a cut that already serves no more than the share stays where it is
     assert unseen_kind_cuts({"0.05": 0.5}, final_prob, final_y, {"easy": {"0.05": {"known_share": 1.0}}}) == \
         {"0.05": 0.5}
+
+
+def test_a_tighter_target_is_never_cut_below_a_looser_one():
+    rng = np.random.default_rng(1)
+    prob, y = rng.uniform(0, 1, 1000), rng.integers(0, 2, 1000)
+    left_out = {"k": {"0.02": {"known_share": None}, "0.05": {"known_share": 0.1}, "0.10": {"known_share": 0.3}}}
+    cuts = unseen_kind_cuts({"0.02": 0.6, "0.05": 0.5, "0.10": 0.4}, prob, y, left_out)
+    assert cuts["0.05"] == cut_serving(prob, y, 0.1) and cuts["0.10"] == cut_serving(prob, y, 0.3)
+    assert cuts["0.02"] == cuts["0.05"] > 0.6  # no kind held 2%: it takes the 5% cut, not its own looser one
