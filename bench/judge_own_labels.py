@@ -24,8 +24,7 @@ import logging
 
 import numpy as np
 
-from bench.judge_quality import MODEL, RESULTS, SOURCES, features, served_at_cut
-from cache_core.decision.judge_tokens import token_encoder
+from bench.judge_quality import MODEL, RESULTS, SOURCES, served_at_cut, shared_features
 from cache_core.decision.judge_train import fit_with_own_labels
 from infra.runtime import shared_data_dir
 
@@ -94,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-pairs", type=int, default=2500, help="as bench.judge_quality (its feature cache)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from cache_core.embedding.load import load_embedder
-    from cache_core.settings import CacheSettings
-
-    embedder = load_embedder(CacheSettings(model=MODEL))
-    feats = features(shared_data_dir(), embedder.encode, token_encoder(MODEL), args.max_pairs)
+    feats = shared_features(shared_data_dir(), args.max_pairs)
     out = compare(feats, args.seeds, args.own_labels)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "judge_own_labels.json").write_text(json.dumps(out, indent=1))

@@ -66,6 +66,15 @@ def served_at_cut(prob: np.ndarray, y: np.ndarray, cut: float) -> tuple[float, f
     return float((hit & (y == 1)).sum() / max(y.sum(), 1)), wrong
 
 
+def shared_features(data: Path, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``features`` of the public sets under ``data`` with the product's encoder and token pass (the
+    judge benches' common start)."""
+    from cache_core.embedding.load import load_embedder
+    from cache_core.settings import CacheSettings
+
+    return features(data, load_embedder(CacheSettings(model=MODEL)).encode, token_encoder(MODEL), max_pairs)
+
+
 def features(data: Path, encode, tokens, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     pairs = load_pairs(data, encode, max_pairs)
     digest = hashlib.sha256(json.dumps([FEATURE_NAMES, {k: v for k, v in sorted(pairs.items())}]).encode())
@@ -214,11 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="reuse the latency figures of the last run's JSON (when the machine is too loaded to time)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from cache_core.embedding.load import load_embedder
-    from cache_core.settings import CacheSettings
-
-    embedder = load_embedder(CacheSettings(model=MODEL))
-    feats = features(args.data, embedder.encode, token_encoder(MODEL), args.max_pairs)
+    feats = shared_features(args.data, args.max_pairs)
     results = evaluate(feats, args.own_labels)
     last = RESULTS / "judge_quality.json"
     if args.keep_latency and last.is_file():

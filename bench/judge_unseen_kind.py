@@ -26,8 +26,7 @@ import time
 
 import numpy as np
 
-from bench.judge_quality import MODEL, RESULTS, SOURCES, TARGETS, features, recall_at, served_at_cut
-from cache_core.decision.judge_tokens import token_encoder
+from bench.judge_quality import MODEL, RESULTS, SOURCES, TARGETS, recall_at, served_at_cut, shared_features
 from cache_core.decision.judge_train import fit_shared
 from infra.runtime import shared_data_dir
 
@@ -121,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-pairs", type=int, default=2500, help="as bench.judge_quality (its feature cache)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from cache_core.embedding.load import load_embedder
-    from cache_core.settings import CacheSettings
-
-    embedder = load_embedder(CacheSettings(model=MODEL))
-    feats = features(shared_data_dir(), embedder.encode, token_encoder(MODEL), args.max_pairs)
+    feats = shared_features(shared_data_dir(), args.max_pairs)
     out = evaluate(feats, args.seeds)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "judge_unseen_kind.json").write_text(json.dumps(out, indent=1))
