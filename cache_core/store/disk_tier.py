@@ -26,12 +26,21 @@ memory ones (``Partition.remove`` / ``remove_where``, ``Stores.take_namespace``)
 Durability: the file survives a restart and is reopened (each scope's codes rebuilt from its
 rows: at 10^6 that reads every row once); demotion removes the entry from the write-ahead log's view (a logged removal), so the
 two never both restore it. Not thread-safe: the partition's lock is held around every call.
+
+Growing: when a scope's codes call for twice the lists, a background thread reads a random sample
+of its rows through a connection of its own and runs the new lists' k-means (FAISS releases the GIL),
+while the old codes go on serving and taking demotions; the first demotion after it finished fills
+the trained lists from the file and swaps them in. Inline, the last of those (1,024 lists on ~40,000
+rows) held the partition's lock, and so every lookup of the store, for 5.7-17 s; the swap's fill
+still does, ~1.5 s at 65,536 rows (bench.disk_tier_growth). ``train_in_background=False`` trains
+inline (tests that count rebuilds; reopening always does).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,10 +64,13 @@ def file_for(directory: Path, key: tuple[str, str, str]) -> Path:
 class DiskTier:
     """One store's cold entries: rows in a SQLite file, codes in memory (one ``ColdCodes`` a scope)."""
 
-    def __init__(self, path: Path, dim: int, capacity: int):
+    def __init__(self, path: Path, dim: int, capacity: int, train_in_background: bool = True):
         self.path = Path(path)
         self.dim = dim
         self.capacity = capacity
+        self.train_in_background = train_in_background
+        self._training: dict[str, tuple[threading.Thread, ColdCodes]] = {}
+        """scope -> (the thread training its next lists, those lists), while one runs or waits to be used."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -146,6 +158,7 @@ class DiskTier:
     def clear(self) -> None:
         self._db.execute("DELETE FROM cold")
         self._codes.clear()
+        self._training.clear()  # lists trained on rows that are gone: a running thread's result is dropped
         self._count = 0
 
     def drop_expired(self, now: float) -> int:
@@ -201,7 +214,7 @@ class DiskTier:
     # -- internals ----------------------------------------------------------------------
 
     def _vector(self, blob: bytes) -> np.ndarray:
-        return np.frombuffer(self._zd.decompress(blob), dtype=np.float16).astype(np.float32)
+        return _decoded(blob, self._zd)
 
     def _entry(self, vec: bytes | np.ndarray, meta_blob: bytes) -> CacheEntry:
         meta = json.loads(self._zd.decompress(meta_blob))
@@ -219,7 +232,24 @@ class DiskTier:
             codes = self._codes[scope] = ColdCodes(self.dim)
         codes.add(np.array([seq], dtype=np.int64), vec)
         if codes.outgrown():
-            self._rebuild(scope, codes.live)
+            self._grow(scope, codes.live)
+
+    def _grow(self, scope: str, count: int) -> None:
+        """More lists for ``scope``: trained on a background thread, swapped in by the first call
+        after the training ended (module docstring); inline without ``train_in_background``."""
+        if not self.train_in_background:
+            self._rebuild(scope, count)
+            return
+        pending = self._training.get(scope)
+        if pending is None:
+            codes = ColdCodes(self.dim, nlist_for(count))
+            trainer = threading.Thread(target=self._train_apart, args=(scope, codes),
+                                       name="scache-disk-tier-train", daemon=True)
+            self._training[scope] = (trainer, codes)
+            trainer.start()
+        elif not pending[0].is_alive():
+            del self._training[scope]
+            self._rebuild(scope, count, pending[1])  # untrained (the thread failed): trained here
 
     def _reopen(self) -> None:
         """Codes from the file's rows: a scope large enough for inverted lists rebuilt on its
@@ -234,16 +264,25 @@ class DiskTier:
                 if scope not in large:
                     self._codes.setdefault(scope, ColdCodes(self.dim)).add(np.array([seq]), self._vector(blob))
 
-    def _rebuild(self, scope: str, count: int) -> None:
-        """``scope``'s codes anew from the file, with the lists its size calls for: trained on
-        a random sample of its rows, then filled in chunks (no float copy of all rows at once)."""
-        nlist = nlist_for(count)
-        codes = ColdCodes(self.dim, nlist)
+    def _train_apart(self, scope: str, codes: ColdCodes) -> None:
+        """On the training thread: sample through a connection of its own (WAL: a reader never
+        blocks the demotions) and its own decompressor, then the k-means."""
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            codes.train(_sample(db, scope, codes.nlist, zstandard.ZstdDecompressor()))
+        finally:
+            db.close()
+
+    def _sample(self, scope: str, nlist: int) -> np.ndarray:
+        return _sample(self._db, scope, nlist, self._zd)
+
+    def _rebuild(self, scope: str, count: int, codes: ColdCodes | None = None) -> None:
+        """``scope``'s codes anew from the file (``codes``: lists trained already; else the lists its
+        size calls for, trained here on a random sample), filled in chunks (no float copy of all rows
+        at once)."""
+        codes = codes if codes is not None else ColdCodes(self.dim, nlist_for(count))
         if not codes.trained:
-            sample = self._db.execute("SELECT vec FROM cold WHERE scope = ? ORDER BY random() LIMIT ?",
-                                      (scope, POINTS_PER_CENTROID * nlist)).fetchall()
-            codes.train(np.stack([self._vector(blob) for (blob,) in sample]))
-            del sample
+            codes.train(self._sample(scope, codes.nlist))
         self._codes.pop(scope, None)  # the old structure goes before the new one fills
         cursor = self._db.execute("SELECT seq, vec FROM cold WHERE scope = ?", (scope,))
         while chunk := cursor.fetchmany(REBUILD_CHUNK):
@@ -253,3 +292,14 @@ class DiskTier:
         if codes.live:
             self._codes[scope] = codes
         self.rebuilds += 1
+
+
+def _decoded(blob: bytes, decompressor: zstandard.ZstdDecompressor) -> np.ndarray:
+    return np.frombuffer(decompressor.decompress(blob), dtype=np.float16).astype(np.float32)
+
+
+def _sample(db: sqlite3.Connection, scope: str, nlist: int, decompressor) -> np.ndarray:
+    """A random sample of ``scope``'s vectors in ``db``, enough to train ``nlist`` lists."""
+    rows = db.execute("SELECT vec FROM cold WHERE scope = ? ORDER BY random() LIMIT ?",
+                      (scope, POINTS_PER_CENTROID * max(nlist, 1))).fetchall()
+    return np.stack([_decoded(blob, decompressor) for (blob,) in rows])

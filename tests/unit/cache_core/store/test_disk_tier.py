@@ -3,6 +3,8 @@ budget, cold entries are found, served, promoted on a hit and say so in the even
 invalidation, purges and clears reach them; the file survives a reopen."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -178,7 +180,7 @@ def test_a_large_tier_searches_int8_inverted_lists_and_rescores_from_the_file(tm
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((800, DIM)).astype(np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    tier = DiskTier(tmp_path / "t.sqlite", DIM, 701)
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 701, train_in_background=False)
     for i, vec in enumerate(vecs):
         tier.put(cold_entry(i, vec))
     tier.put(cold_entry(10_000, vecs[0], scope="conv"))  # another scope: its own (flat) codes
@@ -213,3 +215,43 @@ def test_put_many_is_put_in_one_transaction(tmp_path):
     assert tier.search(vecs[5], None, 1)[0][0] == "e5"
     tier.close()
     assert len(DiskTier(tmp_path / "t.sqlite", DIM, 4)) == 4
+
+
+def test_growing_lists_are_trained_on_a_thread_while_the_old_codes_serve(tmp_path, monkeypatch):
+    """The k-means of a scope's next lists runs off the partition's lock: the demotion that finds
+    the codes outgrown only starts it, the old codes keep serving and taking demotions, and the first
+    demotion after it ended fills and swaps in the trained lists."""
+    from cache_core.store import cold_codes
+
+    monkeypatch.setattr(cold_codes, "MIN_NLIST", 4)  # IVF from 156 entries, not 2,496
+    monkeypatch.setattr(cold_codes, "MAX_NLIST", 16)
+    release = threading.Event()
+    train = cold_codes.ColdCodes.train
+
+    def slow_train(codes, sample):  # the k-means, held until the test lets it go
+        assert threading.current_thread().name == "scache-disk-tier-train"
+        release.wait(30)
+        train(codes, sample)
+
+    monkeypatch.setattr(cold_codes.ColdCodes, "train", slow_train)
+    rng = np.random.default_rng(2)
+    vecs = rng.standard_normal((400, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    tier = DiskTier(tmp_path / "t.sqlite", DIM, 1000)
+    for i in range(200):  # past 156: outgrown, a thread starts training 4 lists
+        tier.put(cold_entry(i, vecs[i]))
+    assert "" in tier._training and tier._training[""][0].is_alive()
+    assert tier._codes[""].nlist == 0 and tier.rebuilds == 0  # the flat codes still serve
+    assert tier.search(vecs[10], None, 1)[0][0] == "e10"
+    for i in range(200, 300):  # demotions while it trains: taken by the old codes
+        tier.put(cold_entry(i, vecs[i]))
+    assert tier._codes[""].live == 300 and tier.rebuilds == 0
+    release.set()
+    tier._training[""][0].join(30)
+    tier.put(cold_entry(300, vecs[300]))  # the first demotion after: fills and swaps
+    assert tier.rebuilds == 1 and tier._codes[""].nlist > 0 and tier._codes[""].live == 301
+    found = sum(tier.search(vecs[i], None, 1)[0][0] == f"e{i}" for i in range(301))
+    assert found >= 0.9 * 301
+    tier.clear()
+    assert not tier._training
+    tier.close()
