@@ -24,9 +24,11 @@ import json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cache_core.service.access_log import DECISION_HEADER
 from cache_core.service.auth import caller_of
 from cache_core.service.routes.lookup import PATH, answer
 from cache_core.service.schemas import LookupRequest
+
 
 def _plain_json(content_type: bytes | None) -> bool:
     """The request says ``content-type: application/json`` (what clients send). FastAPI parses more
@@ -90,7 +92,7 @@ class FastLookup:
             return
         self.answered += 1
         await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"x-scache-request-id", decision_id.encode()), (b"content-length", b"%d" % len(content)),
+            (DECISION_HEADER, decision_id.encode()), (b"content-length", b"%d" % len(content)),
             (b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": content})
 

@@ -32,7 +32,7 @@ of its rows through a connection of its own and runs the new lists' k-means (FAI
 while the old codes go on serving and taking demotions; the first demotion after it finished fills
 the trained lists from the file and swaps them in. Inline, the last of those (1,024 lists on ~40,000
 rows) held the partition's lock, and so every lookup of the store, for 5.7-17 s; the swap's fill
-still does, ~1.5 s at 65,536 rows (bench.disk_tier_growth). ``train_in_background=False`` trains
+still does, ~1.3 s at 65,536 rows (bench.disk_tier_growth). ``train_in_background=False`` trains
 inline (tests that count rebuilds; reopening always does).
 """
 from __future__ import annotations
@@ -273,16 +273,13 @@ class DiskTier:
         finally:
             db.close()
 
-    def _sample(self, scope: str, nlist: int) -> np.ndarray:
-        return _sample(self._db, scope, nlist, self._zd)
-
     def _rebuild(self, scope: str, count: int, codes: ColdCodes | None = None) -> None:
         """``scope``'s codes anew from the file (``codes``: lists trained already; else the lists its
         size calls for, trained here on a random sample), filled in chunks (no float copy of all rows
         at once)."""
         codes = codes if codes is not None else ColdCodes(self.dim, nlist_for(count))
         if not codes.trained:
-            codes.train(self._sample(scope, codes.nlist))
+            codes.train(_sample(self._db, scope, codes.nlist, self._zd))
         self._codes.pop(scope, None)  # the old structure goes before the new one fills
         cursor = self._db.execute("SELECT seq, vec FROM cold WHERE scope = ?", (scope,))
         while chunk := cursor.fetchmany(REBUILD_CHUNK):
