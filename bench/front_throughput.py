@@ -10,9 +10,13 @@ access line per request, to a file), open access, a null publisher, ``--entries`
 entries (``bench.lookup_latency``'s corpus) in one HNSW partition. A separate driver process (this one)
 keeps N keep-alive connections busy with ``POST /v1/lookup`` (raw HTTP/1.1 on asyncio, so the driver
 itself costs little) for ``--seconds`` per level. Every query is a banking77 test question with a
-suffix of digits naming the round, the build and the request (``driven_query``), so no request is answered
-from the embedding cache, and every build's queries are the same number of word pieces (a suffix that
-named the build, ``0before`` vs ``0after``, gave one build a word piece more in some rounds).
+suffix of digits naming the round, the level, the build and the request (``driven_query``), so no request
+is answered from the embedding cache, and every build's queries are the same number of word pieces.
+Before the fifth round the suffix named the round, the build and the request but not the level, so a
+level re-sent the texts of the level before it in the same round, and those (all but the first
+requests' worth of the level before) were answered from the embedding cache without an encode (quiet-4:
+43 % of c32's lookups, 69 % of c256's); and it named the build as a word (``0before`` is a word piece
+longer than ``0after``).
 
 ``--gptcache`` adds GPTCache's own server (``gptcache_server``, ``POST /get``; its venv from
 bench/setup_gptcache.sh, bench/gptcache_server_side.py) with the same MiniLM weights (its SBERT
@@ -23,9 +27,9 @@ load; the after/before ratios are computed per round and their median printed (a
 shared with other work: compare the ratios, not the absolute figures across runs). A bare encode of
 one query (the model alone, in this process) is timed between levels for the "p50 at concurrency 1
 vs one encode" figure, twice: ``bare_encode_ms`` on the plain questions (as in every run before the
-fifth round) and ``bare_encode_driven_ms`` on questions with the same suffix as the driven ones (~22.6
-word pieces vs ~14.6: that encode costs ~2.6 ms, not ~2.0, on the quiet machine). Each level reports the service's CPU per lookup, all threads and the event
-loop's (main) thread alone (the rest is the encoder's), and under ``stalls`` where a request's time can
+fifth round) and ``bare_encode_driven_ms`` on questions with the same suffix as the driven ones (~24
+word pieces vs ~14.6: that encode costs ~2.6-2.7 ms, not ~2.0, on the quiet machine). Each level reports
+the service's CPU per lookup, all threads and the event loop's (main) thread alone (the rest is the encoder's), and under ``stalls`` where a request's time can
 stop inside the service: the event loop's worst lag, garbage-collector pauses, the slowest encode call
 (``StallRecorder``).
 
@@ -410,21 +414,21 @@ async def run(args) -> dict:
         try:
             for build in builds.values():
                 await build.wait_ready(1800)
-            index = {name: k for k, name in enumerate(builds, 1)}  # in the queries' suffix: digits only
+            index = {name: k for k, name in enumerate(builds, 1)}  # in the queries' suffix: single digits
             for build in builds.values():  # warm-up
-                await drive(build, queries, f"9-{index[build.name]}", 4, 2)
+                await drive(build, queries, f"9-9-{index[build.name]}", 4, 2)
             rounds = []
             for r in range(args.rounds):
                 order = list(builds) if r % 2 == 0 else list(reversed(builds))
                 result = {name: {} for name in builds}
-                for c in args.concurrency:
+                for li, c in enumerate(args.concurrency):
                     result.setdefault("bare_encode_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, queries[:40]), 2)
-                    driven = [driven_query(queries, i, f"{r}-0") for i in range(1000, 1040)]  # c1 sends ~1,500
+                    driven = [driven_query(queries, i, f"{r % 10}-{li % 10}-0") for i in range(1000, 1040)]  # c1 sends ~1,500
                     result.setdefault("bare_encode_driven_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, driven), 2)
                     for name in order:
                         cpu, loop_cpu = builds[name].cpu_s()
                         since, driver_cpu = time.monotonic(), time.process_time()
-                        level = await drive(builds[name], queries, f"{r}-{index[name]}", c, args.seconds)
+                        level = await drive(builds[name], queries, f"{r % 10}-{li % 10}-{index[name]}", c, args.seconds)
                         cpu_after, loop_after = builds[name].cpu_s()
                         driver_cpu = time.process_time() - driver_cpu
                         if builds[name].stalls is not None:
