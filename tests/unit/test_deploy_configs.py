@@ -214,6 +214,9 @@ def test_the_image_exports_in_a_builder_stage_and_runs_without_torch():
     assert any('import torch' in line and "exit 1" in line for line in runtime)  # refused if it crept in
     env = dict(re.findall(r"(SCACHE_\w+)=(\S+)", " ".join(line for line in runtime if line.startswith("ENV"))))
     assert set(env) - {"SCACHE_HOME"} <= SETTINGS and env["SCACHE_CACHE__ENCODER_BACKEND"] == "onnx-int8"
+    # the image serves with the arms `scache serve` uses, never the demo's showcase (an arm at cosine 0.80)
+    assert env["SCACHE_EXPERIMENTS_FILE"] == "/opt/scache/infra/serve-experiments.yaml"
+    assert any(line.startswith("COPY infra ./infra") for line in runtime) and (DEPLOY.parent / "serve-experiments.yaml").is_file()
     models_dir = env["SCACHE_CACHE__MODELS_DIR"]
     exports = [onnx_export_dir(CacheSettings().model, quantized=q, models_dir=Path(models_dir)) for q in (True, False)]
     copies = [line for line in runtime if line.startswith("COPY --from=")]
