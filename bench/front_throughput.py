@@ -31,7 +31,8 @@ fifth round) and ``bare_encode_driven_ms`` on questions with the same suffix as 
 word pieces vs ~14.6: that encode costs ~2.6-2.7 ms, not ~2.0, on the quiet machine). Each level reports
 the service's CPU per lookup, all threads and the event loop's (main) thread alone (the rest is the encoder's), and under ``stalls`` where a request's time can
 stop inside the service: the event loop's worst lag, garbage-collector pauses, the slowest encode call
-(``StallRecorder``).
+(``StallRecorder``); and ``switches_per_lookup``: the event loop thread's voluntary and involuntary
+context switches and the other threads' voluntary ones (their wake-ups; the stall probe's ~100 a second among them), per lookup.
 
 Writes bench/results/front_throughput[-TAG].json and a PNG of the same name (lookups/s and p99 per
 round and level, each build a colour; ``--plot-only JSON`` redraws one from a saved result).
@@ -284,6 +285,26 @@ class Build:
         pid = self.process.pid
         return seconds(Path(f"/proc/{pid}/stat")), seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
 
+    def switches(self) -> dict[str, int]:
+        """Context switches so far: the main (event loop) thread's voluntary ones (it slept: on epoll or
+        for the GIL) and involuntary ones (the scheduler took its core), and the other threads' voluntary
+        ones together (each wake-up of the encoder, event, log and ANN-check threads is at least one)."""
+        out = {"loop_voluntary": 0, "loop_involuntary": 0, "others_voluntary": 0}
+        pid = self.process.pid
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                status = (task / "status").read_text()
+            except OSError:  # the thread ended meanwhile
+                continue
+            counts = dict(line.split(":\t") for line in status.splitlines() if line.endswith(tuple("0123456789"))
+                          and "ctxt_switches" in line)
+            if task.name == str(pid):
+                out["loop_voluntary"] += int(counts["voluntary_ctxt_switches"])
+                out["loop_involuntary"] += int(counts["nonvoluntary_ctxt_switches"])
+            else:
+                out["others_voluntary"] += int(counts["voluntary_ctxt_switches"])
+        return out
+
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)  # uvicorn re-raises it: KeyboardInterrupt, so the profile is written
         try:
@@ -427,9 +448,12 @@ async def run(args) -> dict:
                     result.setdefault("bare_encode_driven_ms", {})[f"c{c}"] = round(bare_encode_ms(embedder, driven), 2)
                     for name in order:
                         cpu, loop_cpu = builds[name].cpu_s()
+                        switches = builds[name].switches() if builds[name].stalls is not None else None
                         since, driver_cpu = time.monotonic(), time.process_time()
                         level = await drive(builds[name], queries, f"{r % 10}-{li % 10}-{index[name]}", c, args.seconds)
                         cpu_after, loop_after = builds[name].cpu_s()
+                        if switches is not None:
+                            switches = {k: v - switches[k] for k, v in builds[name].switches().items()}
                         driver_cpu = time.process_time() - driver_cpu
                         if builds[name].stalls is not None:
                             until = time.monotonic()
@@ -439,6 +463,8 @@ async def run(args) -> dict:
                         level["cpu_ms_per_lookup"] = round((cpu_after - cpu) * per, 2)
                         level["loop_cpu_ms_per_lookup"] = round((loop_after - loop_cpu) * per, 2)
                         level["driver_cpu_ms_per_lookup"] = round(driver_cpu * per, 2)  # this process, all threads
+                        if switches is not None:  # per lookup
+                            level["switches_per_lookup"] = {k: round(v * per / 1000, 2) for k, v in switches.items()}
                         result[name][f"c{c}"] = level
                         print(json.dumps({"round": r, "build": name, "concurrency": c, **result[name][f"c{c}"]}),
                               flush=True)
