@@ -93,7 +93,8 @@ def fit_trees(X: np.ndarray, y: np.ndarray, seed: int, weights: np.ndarray | Non
     same): that constraint held up better on kinds of pairs the trees never saw."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    monotone = [1 if name == "cosine" else 0 for name in FEATURE_NAMES]
+    # by position, so a bench can try extra columns after FEATURE_NAMES (the cosine is column 0)
+    monotone = [1 if i == FEATURE_NAMES.index("cosine") else 0 for i in range(X.shape[1])]
     model = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, max_leaf_nodes=15,
                                            min_samples_leaf=40, l2_regularization=1.0, monotonic_cst=monotone,
                                            early_stopping=False, random_state=seed)
