@@ -337,8 +337,10 @@ class Settings(BaseSettings):
     """Outside local, both admin tokens are required."""
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "console"
-    experiments_file: Path = PROJECT_ROOT / "infra" / "experiments.yaml"
-    """Experiments at start; the control topic's later versions win."""
+    experiments_file: Path = PROJECT_ROOT / "infra" / "serve-experiments.yaml"
+    """Experiments at start; the control topic's later versions win. The default's arms are meant for real
+    traffic (cosine 0.95 and 0.97, answers kept a day); ``scache demo`` uses the demo's showcase,
+    infra/experiments.yaml (one arm at 0.80, to show the attribution views)."""
     kafka: KafkaSettings = KafkaSettings()
     clickhouse: ClickHouseSettings = ClickHouseSettings()
     cache: CacheSettings = CacheSettings()

@@ -254,6 +254,7 @@ def _demo(args: argparse.Namespace) -> int:
     # dashboard can say what each intent cluster is about. Off by default elsewhere.
     stack.env["SCACHE_CACHE__EMIT_QUERY_TEXT"] = os.environ.get("SCACHE_CACHE__EMIT_QUERY_TEXT", "true")
     stack.env.update({name: os.environ.get(name, value) for name, value in DEMO_SHADOW.items()})
+    demo_experiments(stack)
 
     def banner() -> str:
         cache_url = stack.service("cache-service").info["url"]
@@ -276,8 +277,19 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 SERVE_EXPERIMENTS = Path(__file__).resolve().parent / "serve-experiments.yaml"
-"""What ``serve`` starts with unless SCACHE_EXPERIMENTS_FILE names a file: arms meant for real traffic
-(the demo's file shows off the attribution views, with one arm at cosine 0.80)."""
+"""What ``serve`` (and the cache started any other way) starts with unless SCACHE_EXPERIMENTS_FILE names a
+file: arms meant for real traffic (the settings' default)."""
+DEMO_EXPERIMENTS = Path(__file__).resolve().parent / "experiments.yaml"
+"""What the demo starts with unless SCACHE_EXPERIMENTS_FILE names a file: arms that show off the attribution
+views, one at cosine 0.80."""
+
+
+def demo_experiments(stack: Stack) -> Path:
+    """The experiments file the demo gives its services: the user's (SCACHE_EXPERIMENTS_FILE), else the
+    showcase (not the settings' default, which is serve's)."""
+    if not configured("SCACHE_EXPERIMENTS_FILE"):
+        stack.env["SCACHE_EXPERIMENTS_FILE"] = str(DEMO_EXPERIMENTS)
+    return stack.settings().experiments_file
 
 
 def serve_experiments(stack: Stack) -> Path:

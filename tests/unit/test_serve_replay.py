@@ -168,3 +168,21 @@ def test_serve_starts_with_arms_meant_for_real_traffic_unless_given_a_file(tmp_p
     monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(own))
     stack = Stack(state_dir=tmp_path)
     assert serve_experiments(stack) == own and "SCACHE_EXPERIMENTS_FILE" not in stack.env
+
+
+def test_a_cache_started_without_a_file_serves_the_safe_arms_and_only_the_demo_shows_the_showcase(tmp_path,
+                                                                                                  monkeypatch):
+    """``python -m cache_core.service`` (the images' command) and anything else that reads the settings get
+    serve's arms by default; the demo alone asks for its showcase (one arm at 0.80), and a named file wins."""
+    from cache_core.experiments import load_experiments
+    from cache_core.settings import Settings
+    from infra.stack import DEMO_EXPERIMENTS, SERVE_EXPERIMENTS, demo_experiments
+
+    monkeypatch.delenv("SCACHE_EXPERIMENTS_FILE", raising=False)
+    assert Settings().experiments_file == SERVE_EXPERIMENTS
+    assert demo_experiments(Stack(state_dir=tmp_path)) == DEMO_EXPERIMENTS
+    assert min(arm.threshold for e in load_experiments(DEMO_EXPERIMENTS).values() for arm in e.arms) < 0.95
+    own = _write(tmp_path, "mine.yaml", "experiments: []\n")
+    monkeypatch.setenv("SCACHE_EXPERIMENTS_FILE", str(own))
+    stack = Stack(state_dir=tmp_path)
+    assert demo_experiments(stack) == own and "SCACHE_EXPERIMENTS_FILE" not in stack.env

@@ -15,7 +15,7 @@ def test_every_leaf_setting_is_listed_with_its_env_name(monkeypatch):
     assert rows["SCACHE_KAFKA__BOOTSTRAP_SERVERS"].default == "127.0.0.1:9092"
     assert rows["SCACHE_CACHE__ANN_CHECK_BATCH_SIZE"].description.startswith("Sampled ANN-vs-exact checks")
     assert rows["SCACHE_CACHE__SNAPSHOT_DIR"].default == "~/.cache/scache/snapshots"
-    assert rows["SCACHE_EXPERIMENTS_FILE"].default == "<repo>/infra/experiments.yaml"
+    assert rows["SCACHE_EXPERIMENTS_FILE"].default == "<repo>/infra/serve-experiments.yaml"
     groups = ["KAFKA", "CLICKHOUSE", "CACHE", "SERVICE", "FLINK", "DASHBOARD", "SHADOW", "TRACING"]
     leaves = sum(len(type(getattr(Settings(), g.lower())).model_fields) for g in groups)
     assert len(rows) == leaves + len(Settings.model_fields) - len(groups)
