@@ -83,6 +83,17 @@ def served_share(prob: np.ndarray, y: np.ndarray, cut: float) -> float:
     return float((prob[y == 1] >= cut).mean()) if (y == 1).any() else 0.0
 
 
+def at_cuts(prob: np.ndarray, y: np.ndarray, cuts: dict[str, float]) -> dict[str, dict]:
+    """Per target, what its shipped cut serves on scored rows: the share of duplicates and the
+    wrong share of hits (None with no hit)."""
+    out = {}
+    for key, cut in cuts.items():
+        hit = prob >= cut
+        out[key] = {"accept_at": float(cut), "recall": served_share(prob, y, cut),
+                    "false_hit": float((hit & (y == 0)).sum() / hit.sum()) if hit.any() else None}
+    return out
+
+
 def cut_serving(prob: np.ndarray, y: np.ndarray, share: float) -> float:
     """The highest cut that still serves ``share`` of the duplicates (ties served together)."""
     positives = np.sort(prob[y == 1])[::-1]

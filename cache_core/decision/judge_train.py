@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_core.decision.judge_cuts import (MIN_SOURCE_POSITIVES, by_source, left_out_kind_point, operating_points,
-                                            strictest_over_sources, unseen_kind_cuts)
+from cache_core.decision.judge_cuts import (MIN_SOURCE_POSITIVES, at_cuts, by_source, left_out_kind_point,
+                                            operating_points, strictest_over_sources, unseen_kind_cuts)
 from cache_core.decision.judge_feature_store import FeatureStore
 from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
@@ -213,11 +213,12 @@ def unseen_kind_cut(artifact: JudgeArtifact, X: np.ndarray, y: np.ndarray, sourc
         left_out[kind] = left_out_kind_point(inner.probabilities(X[rows]), y[rows], inner.probabilities(X[ho]), y[ho])
     if not left_out:
         return artifact
-    cuts = unseen_kind_cuts(artifact.operating_points, artifact.probabilities(X[holdout_rows]), y[holdout_rows],
-                            left_out)
+    prob_known = artifact.probabilities(X[holdout_rows])
+    cuts = unseen_kind_cuts(artifact.operating_points, prob_known, y[holdout_rows], left_out)
     before = artifact.report.get("operating_points_rule", "held-out")
     report = artifact.report | {
         "operating_points_rule": f"{before}, then kinds left out", "kind_left_out_points": left_out,
+        "shipped_operating_points": at_cuts(prob_known, y[holdout_rows], cuts),
         "operating_points_by_rule": {before: dict(artifact.operating_points), "kinds left out": cuts}}
     return dataclasses.replace(artifact, operating_points=cuts, report=report)
 
@@ -311,6 +312,7 @@ def _finish(trees: Trees, mixes: dict, scores: dict, cos_cut: np.ndarray, y_cut:
             report["source_operating_points"] = per_source
             cuts = strictest_over_sources(cuts, per_source)
             report["operating_points_rule"] = "strictest over sources"
+    report["shipped_operating_points"] = at_cuts(prob, y_cut, cuts)
     return JudgeArtifact(version=version, encoder=encoder, feature_names=FEATURE_NAMES, trees=trees,
                          calibration=calibration, operating_points=cuts, report=report, blend=mixes[blend])
 
@@ -425,14 +427,30 @@ def main(argv: list[str] | None = None) -> int:
     path = artifact.save(out)
     (out / f"judge-{version}.report.json").write_text(json.dumps(artifact.report, indent=1))
     plot_report(artifact, None, out / f"judge-{version}.report.png")
-    pts = artifact.report["operating_points"]
-    cos = artifact.report["cosine_operating_points"]
     print(f"wrote {path} (cuts: {artifact.report.get('operating_points_rule', 'held-out')})")
-    for key in pts:
-        print(f"  at <= {float(key):.0%} wrong: accept_at {artifact.operating_points[key]:.3f}; on the held-out rows "
-              f"the judge serves {pts[key]['recall']:.1%} of duplicates at its own cut "
-              f"{pts[key]['accept_at']:.3f}, cosine {cos[key]['recall']:.1%}")
+    print("\n".join(summary_lines(artifact)))
     return 0
+
+
+def summary_lines(artifact: JudgeArtifact) -> list[str]:
+    """Per target, the shipped cut and what it serves on the held-out rows, beside the cut those rows
+    alone would give and cosine's best there (they differ when the cut allows for other kinds)."""
+    pts, cos = artifact.report["operating_points"], artifact.report["cosine_operating_points"]
+    shipped = artifact.report.get("shipped_operating_points", {})
+    lines = []
+    for key in pts:
+        line = f"  at <= {float(key):.0%} wrong: accept_at {artifact.operating_points[key]:.3f}"
+        if key in shipped:
+            wrong = shipped[key]["false_hit"]
+            line += (f", serving {shipped[key]['recall']:.1%} of the held-out duplicates"
+                     f" ({'no hit' if wrong is None else f'{wrong:.1%} of hits wrong'})")
+        if key not in shipped or abs(pts[key]["accept_at"] - artifact.operating_points[key]) > 1e-9:
+            line += f"; at the held-out rows' own cut {pts[key]['accept_at']:.3f}: {pts[key]['recall']:.1%}"
+        lines.append(f"{line}; cosine's best there {cos[key]['recall']:.1%}")
+    if "kind_left_out_points" in artifact.report:
+        lines.append("  trained on public sets only: the cuts allow for a kind of pair none of them shows, so they "
+                     "serve little; train with your own labels (--pairs FILE or --warehouse) to serve more")
+    return lines
 
 
 def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:

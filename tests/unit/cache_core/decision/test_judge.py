@@ -372,6 +372,28 @@ def test_trained_on_public_sets_alone_the_cut_also_holds_on_each_set_left_out():
                   if pts[key]["known_share"] is not None]
         if shares:
             assert served_share(judged.probabilities(X[ho]), y[ho], cut) <= min(shares) + 1e-9
+        # the report reads the shipped cut on the held-out rows, not the rows' own looser one
+        shipped = report["shipped_operating_points"][key]
+        assert shipped["accept_at"] == cut and shipped["recall"] == served_share(judged.probabilities(X[ho]), y[ho], cut)
+
+
+def test_the_summary_names_what_the_shipped_cut_serves_and_where_the_rows_alone_would_cut():
+    """judge-train's closing lines: each target's shipped cut with its served and wrong shares on the
+    held-out rows; the held-out rows' own cut only where the shipped one differs; a hint to bring labels
+    when trained on public sets alone."""
+    from cache_core.decision.judge_train import summary_lines
+
+    noisy, sources = _public_sets()
+    public = train([], noisy, fake_encode, fake_tokens, version="t4", encoder="fake", seed=0, extra_sources=sources)
+    lines = summary_lines(public)
+    for key, line in zip(public.report["operating_points"], lines):
+        shipped = public.report["shipped_operating_points"][key]
+        assert f"accept_at {public.operating_points[key]:.3f}, serving {shipped['recall']:.1%}" in line
+        raised = abs(public.report["operating_points"][key]["accept_at"] - public.operating_points[key]) > 1e-9
+        assert ("at the held-out rows' own cut" in line) == raised
+    assert "--pairs FILE or --warehouse" in lines[-1]
+    own = train(noisy[:400], [], fake_encode, fake_tokens, version="t5", encoder="fake", seed=0)
+    assert not any("own cut" in line or "--pairs" in line for line in summary_lines(own))
 
 
 def test_warehouse_verdicts_fold_into_pairs_one_per_request_the_users_first():
