@@ -251,8 +251,9 @@ class Build:
                        "--entries", str(args.entries), "--backend", args.backend]
             if args.profile:
                 command += ["--profile-to", str(RESULTS / f"front_throughput-profile-{name}.txt")]
-            self.stalls = log_dir / f"{name}-stalls.jsonl"
-            command += ["--stalls-to", str(self.stalls)]
+            if name not in args.no_stalls_for:  # the recorder's probe wakes the loop 100 times a second
+                self.stalls = log_dir / f"{name}-stalls.jsonl"
+                command += ["--stalls-to", str(self.stalls)]
         else:
             command = [*command[:2], str(self.port), *command[2:]]
             env.pop("PYTHONPATH")
@@ -544,6 +545,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile each service's event-loop thread (pyinstrument) into bench/results")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--no-stalls-for", nargs="*", default=[], choices=["before", "after"],
+                        help="builds run without the stall recorder (its probe thread and gc callback): with "
+                             "--before HEAD, what the instrumentation itself costs")
     parser.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of a saved result JSON")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
