@@ -210,6 +210,16 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGINT, _stop)
 
 
+def _keep_stopping_on_signals() -> None:
+    """While the stack stops, another Ctrl-C or SIGTERM is answered, not raised: raising there would end
+    the stop half way, leaving the services not yet stopped running (and print a traceback)."""
+    def _noted(signum, _frame):
+        print("scache: still stopping the services (each gets 20 s, then SIGKILL)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, _noted)
+    signal.signal(signal.SIGINT, _noted)
+
+
 def _run(stack: Stack, start: Callable[[], None], banner: Callable[[], str], body: Callable[[], None]) -> int:
     """Start the stack, print the banner, run ``body`` until Ctrl-C (or a service dies: exit 1),
     then stop every service that was started."""
@@ -227,6 +237,7 @@ def _run(stack: Stack, start: Callable[[], None], banner: Callable[[], str], bod
         log.error("%s", exc)
         return 1
     finally:
+        _keep_stopping_on_signals()
         stack.stop()
     return 0
 
