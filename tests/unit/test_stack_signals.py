@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from infra.runtime import group_alive
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Two stand-in services that each take 1.5 s to stop on SIGTERM, run by the real _run.
@@ -29,21 +31,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_a_second_ctrl_c_while_stopping_still_stops_every_service_without_a_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT)
     line = proc.stdout.readline()
     assert line.startswith("up "), line + proc.stderr.read()
-    pids = [int(p) for p in line.split()[1:]]
+    pids = [int(p) for p in line.split()[1:]]  # each its own process group (start_new_session)
     time.sleep(0.5)  # the stand-ins have set their SIGTERM handlers
     proc.send_signal(signal.SIGINT)
     time.sleep(0.7)  # inside stop: the first service is taking its 1.5 s
@@ -52,6 +46,6 @@ def test_a_second_ctrl_c_while_stopping_still_stops_every_service_without_a_trac
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "still stopping the services" in err
     deadline = time.monotonic() + 5
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(group_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(_gone(pid) for pid in pids)
+    assert not any(group_alive(pid) for pid in pids)
