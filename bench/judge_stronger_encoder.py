@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.judge_quality import MODEL, RESULTS, SOURCES, TARGETS, recall_at, shared_features
+from bench.judge_quality import MODEL, RESULTS, SOURCES, TARGETS, recall_at, served_at_cut, shared_features
 from bench.verifier_probe import encoded, single_query_ms
 from cache_core.decision.judge_shared_pairs import load_pairs
 from cache_core.decision.judge_train import fit_shared, fit_with_own_labels
@@ -43,11 +43,6 @@ def pair_cosines(vectors: np.ndarray, index: dict[str, int], rows) -> np.ndarray
     u = vectors[[index[r[0]] for r in rows]]
     v = vectors[[index[r[1]] for r in rows]]
     return (u * v).sum(axis=1)
-
-
-def served_and_wrong(prob: np.ndarray, y: np.ndarray, cut: float | None) -> tuple[float, float]:
-    hit = prob >= cut if cut is not None else np.zeros(len(prob), bool)
-    return float((hit & (y == 1)).sum() / max(y.sum(), 1)), float((hit & (y == 0)).sum() / max(hit.sum(), 1))
 
 
 def evaluate(feats, mpnet: dict[str, np.ndarray], own_rows: int) -> dict:
@@ -73,8 +68,9 @@ def evaluate(feats, mpnet: dict[str, np.ndarray], own_rows: int) -> dict:
             judged = fit_with_own_labels(O[own], yo[own], A, y, version="bench", encoder=MODEL, blend="auto")
             prob = judged.probabilities(B)
             row[f"judge, +{own_rows} own labels{label}"] = {f"{t:.2f}": recall_at(prob, yt, t) for t in TARGETS}
-            row[f"judge, +{own_rows} own labels{label}, its 5% cut"] = served_and_wrong(
-                prob, yt, judged.operating_points.get("0.05"))
+            cut = judged.operating_points.get("0.05")
+            row[f"judge, +{own_rows} own labels{label}, its 5% cut"] = \
+                served_at_cut(prob, yt, cut) if cut is not None else (0.0, 0.0)
         out[held] = row
         log.info("%s: %s", held, json.dumps(row))
     return out
