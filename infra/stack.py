@@ -295,19 +295,21 @@ DEMO_EXPERIMENTS = Path(__file__).resolve().parent / "experiments.yaml"
 views, one at cosine 0.80."""
 
 
-def demo_experiments(stack: Stack) -> Path:
-    """The experiments file the demo gives its services: the user's (SCACHE_EXPERIMENTS_FILE), else the
-    showcase (not the settings' default, which is serve's)."""
+def _experiments(stack: Stack, ours: Path) -> Path:
+    """The experiments file the stack gives its services: the user's (SCACHE_EXPERIMENTS_FILE), else ``ours``."""
     if not configured("SCACHE_EXPERIMENTS_FILE"):
-        stack.env["SCACHE_EXPERIMENTS_FILE"] = str(DEMO_EXPERIMENTS)
+        stack.env["SCACHE_EXPERIMENTS_FILE"] = str(ours)
     return stack.settings().experiments_file
+
+
+def demo_experiments(stack: Stack) -> Path:
+    """The demo's: the showcase unless the user names a file (not the settings' default, which is serve's)."""
+    return _experiments(stack, DEMO_EXPERIMENTS)
 
 
 def serve_experiments(stack: Stack) -> Path:
-    """The experiments file ``serve`` gives the cache: the user's (SCACHE_EXPERIMENTS_FILE), else ours."""
-    if not configured("SCACHE_EXPERIMENTS_FILE"):
-        stack.env["SCACHE_EXPERIMENTS_FILE"] = str(SERVE_EXPERIMENTS)
-    return stack.settings().experiments_file
+    """``serve``'s: arms meant for real traffic unless the user names a file."""
+    return _experiments(stack, SERVE_EXPERIMENTS)
 
 
 def _serve(args: argparse.Namespace) -> int:
