@@ -3,6 +3,7 @@
     python -m bench.ann_check_cost [--entries 100000] [--index hnsw] [--rate 0.1]
                                    [--lookups 3000] [--concurrency 4] [--rounds 2]
                                    [--batch-size 64] [--batch-wait-ms 50]
+                                   [--modes none,single,single-blas2,batched,batched:200,budget:0.05]
 
 One partition of ``--entries`` 384-d vectors (banking77 train encoded for real plus
 noisy copies, as bench/lookup_latency.py), one HNSW index shared by every phase. Each
@@ -17,6 +18,9 @@ checks sampled at ``--rate``:
 * ``batched``: checks batched per partition by an ``AnnChecker`` (``--batch-size``,
   ``--batch-wait-ms``); ``batched:<ms>`` the same with another wait (how full batches
   get depends on the check arrival rate: about rate x lookups/s x wait, plus one).
+* ``budget:<share>``: batched, with the checker's CPU budget (``cpu_share``, of one core;
+  the service's ``SCACHE_CACHE__ANN_CHECK_CPU_SHARE``): past it the cache skips sampled
+  checks, so the process CPU per lookup should approach ``none``'s plus the share.
 
 Phases are interleaved over ``--rounds`` rounds, so load drift on a shared machine
 hits them alike. Figures per mode: CPU seconds per 1000 checks, measured in the threads
@@ -90,10 +94,12 @@ class Recorder:
 def run_phase(cache: SemanticCache, recorder: Recorder, check_cpu: CheckCpu, mode: str,
               queries: list[str], concurrency: int, rate: float, args) -> dict:
     checker = None
-    if mode.startswith("batched"):
-        wait_ms = float(mode.split(":")[1]) if ":" in mode else args.batch_wait_ms
-        checker = AnnChecker(batch_size=args.batch_size, max_wait_ms=wait_ms)
-    cache.ann_checker = checker
+    kind, _, value = mode.partition(":")
+    if kind in ("batched", "budget"):
+        wait_ms = float(value) if kind == "batched" and value else args.batch_wait_ms
+        checker = AnnChecker(batch_size=args.batch_size, max_wait_ms=wait_ms,
+                             cpu_share=float(value) if kind == "budget" else 0.0)
+    cache.ann_checker = cache.emitter.ann_checker = checker  # the cache submits, its emitter waits
     set_search_threads(1)
     if mode == "single-blas2":
         from threadpoolctl import threadpool_limits
@@ -129,7 +135,7 @@ def run_phase(cache: SemanticCache, recorder: Recorder, check_cpu: CheckCpu, mod
     cpu = time.process_time() - cpu_before
     scan_cpu = check_cpu.seconds - scan_before
     stats = checker.stats() if checker is not None else None
-    cache.ann_checker = None
+    cache.ann_checker = cache.emitter.ann_checker = None
     del cache._sample
     set_search_threads(1)
     return {
@@ -139,6 +145,7 @@ def run_phase(cache: SemanticCache, recorder: Recorder, check_cpu: CheckCpu, mod
         "sampled": sampled[0], "checked": recorder.checked,
         "skipped_or_dropped": sampled[0] - recorder.checked,
         "scan_cpu_s": round(scan_cpu, 3), "process_cpu_s": round(cpu, 3),
+        "scan_cores": round(scan_cpu / wall, 3),
         "batches": stats["batches"] if stats else None,
         "checker_dropped": {k: v for k, v in stats["dropped"].items() if v} if stats else None,
         "hurried": stats["hurried"] if stats else None,
@@ -167,6 +174,7 @@ def aggregate(phases: list[dict]) -> dict:
             "lookup_p50_ms": round(float(np.median([p["lookup_p50_ms"] for p in runs])), 3),
             "lookup_p99_ms": round(float(np.median([p["lookup_p99_ms"] for p in runs])), 3),
             "lookups_per_s": round(float(np.median([p["lookups_per_s"] for p in runs])), 1),
+            "scan_cores": round(float(np.median([p["scan_cores"] for p in runs])), 3),
             "mean_batch": round(checked / batches, 2) if batches else None,
         }
     return out
@@ -178,7 +186,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     checked = [m for m in summary if summary[m]["checked"]]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
     xs = np.arange(len(checked))
     scan = [summary[m]["scan_cpu_s_per_1000_checks"] for m in checked]
     proc = [summary[m]["process_cpu_s_per_1000_checks"] for m in checked]
@@ -190,6 +198,16 @@ def plot(summary: dict, path: Path, title: str) -> None:
     left.set_title("check cost")
     modes = list(summary)
     xs = np.arange(len(modes))
+    middle.bar(xs, [summary[m]["scan_cores"] for m in modes], 0.6)
+    for x, mode in zip(xs, modes):
+        middle.annotate(f'{summary[mode]["checked"]} of {summary[mode]["sampled"]} run', (x, summary[mode]["scan_cores"]),
+                        ha="center", va="bottom", fontsize=8)
+        if mode.startswith("budget:"):
+            share = float(mode.split(":")[1])
+            middle.hlines(share, x - 0.4, x + 0.4, colors="k", linestyles="dashed")
+    middle.set_xticks(xs, modes)
+    middle.set_ylabel("cores spent scanning (dashed: the budget)")
+    middle.set_title("what the checks cost the replica")
     right.bar(xs - 0.2, [summary[m]["lookup_p50_ms"] for m in modes], 0.4, label="p50")
     right.bar(xs + 0.2, [summary[m]["lookup_p99_ms"] for m in modes], 0.4, label="p99")
     right.set_xticks(xs, modes)
@@ -213,7 +231,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batch-wait-ms", type=float, default=50.0)
-    parser.add_argument("--modes", default=",".join(MODES) + ",batched:200")
+    parser.add_argument("--modes", default=",".join(MODES) + ",batched:200,budget:0.05")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]

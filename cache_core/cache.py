@@ -186,11 +186,7 @@ class SemanticCache:
             return record.result(self.emitter.hand_off(record))
         arm = req.experiment.arm(req.arm_name)
         partition = self.stores.for_arm(namespace, req.experiment, arm)
-        check_ann = self._sample(arm.ann_check_rate)
-        if check_ann and self.emitter.backlog() >= MAX_CHECK_BACKLOG:
-            check_ann = False
-            if self.ann_checker is not None:
-                self.ann_checker.count_drop("backlog")
+        check_ann = self._sample(arm.ann_check_rate) and self._ann_check_admitted()
         search_started = time.perf_counter()
         partition.lookup_waiting_since = search_started
         judged = judge_config(arm, req.variant) is not None
@@ -490,6 +486,19 @@ class SemanticCache:
             if hit is not None:
                 vecs[i], norms[i] = hit.vec, hit.norm
         return vecs, norms
+
+    def _ann_check_admitted(self) -> bool:
+        """A sampled ANN check runs unless events are backing up behind checks or the checks are
+        over their CPU budget (either skip is counted as a drop)."""
+        if self.emitter.backlog() >= MAX_CHECK_BACKLOG:
+            reason = "backlog"
+        elif self.ann_checker is not None and not self.ann_checker.within_budget():
+            reason = "budget"
+        else:
+            return True
+        if self.ann_checker is not None:
+            self.ann_checker.count_drop(reason)
+        return False
 
     def _sample(self, rate: float) -> bool:
         with self._rng_lock:

@@ -12,6 +12,14 @@ the event backlog grows past half the level at which the cache stops sampling
 checks (looked at every few ms while waiting), the waiting event hurries its group:
 it runs before its deadline.
 
+A CPU budget (``cpu_share`` of one core, on average) bounds what the scans cost: an exact scan
+reads every row, so its cost grows with the index (~1.6 ms a check at 10^4 entries, ~16 ms at
+10^5, bench/ann_check_cost.py) and with the lookup rate, and at a fixed sampling rate a large,
+busy replica would spend most of a core measuring its index. Past the budget, ``within_budget``
+says no and the cache skips the draw (counted as dropped, reason ``budget``) until the spend
+has decayed back under it. Which lookups are checked then depends on time only, not on the
+query, so index precision stays an unbiased estimate, over fewer checks.
+
 ``close`` drains: every pending group runs at once (no waiting for its deadline),
 then the thread stops; a check submitted after that is dropped ("closed").
 """
@@ -31,7 +39,11 @@ log = logging.getLogger(__name__)
 
 # Drops are logged at most this often (with the count since the last line).
 DROP_LOG_INTERVAL_S = 10.0
-DROP_REASONS = ("queue_full", "closed", "backlog", "timeout", "failed")
+DROP_REASONS = ("queue_full", "closed", "backlog", "timeout", "failed", "budget")
+# Skips that are the design working, not a fault: counted, never logged as warnings.
+QUIET_REASONS = frozenset({"budget"})
+# The budget lets the spend run this many seconds' worth of it ahead before checks are skipped.
+BUDGET_BURST_S = 5.0
 # How often a waiting event looks whether it should hurry its batch.
 HURRY_POLL_S = 0.005
 
@@ -59,9 +71,12 @@ class AnnChecker:
     """Collects sampled ANN checks and runs them in per-partition batches (one thread)."""
 
     def __init__(self, batch_size: int = 64, max_wait_ms: float = 50.0, max_pending: int = 1024,
-                 result_timeout_s: float | None = None, name: str = "scache-ann-check"):
-        if batch_size < 1 or max_pending < 1 or max_wait_ms < 0:
-            raise ValueError("batch_size and max_pending must be >= 1, max_wait_ms >= 0")
+                 result_timeout_s: float | None = None, name: str = "scache-ann-check",
+                 cpu_share: float = 0.0, clock: Callable[[], float] = time.monotonic):
+        """``cpu_share``: of one core, what the scans may use on average (0: no budget);
+        ``clock``: the budget's time (the batches' deadlines keep ``time.monotonic``)."""
+        if batch_size < 1 or max_pending < 1 or max_wait_ms < 0 or cpu_share < 0:
+            raise ValueError("batch_size and max_pending must be >= 1, max_wait_ms and cpu_share >= 0")
         self.batch_size = batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.max_pending = max_pending
@@ -76,6 +91,9 @@ class AnnChecker:
         self._dropped: Counter = Counter()
         self._dropped_unlogged = 0
         self._last_drop_log = float("-inf")
+        self.cpu_share = cpu_share
+        self._clock = clock
+        self._debt_s, self._debt_at = 0.0, clock()  # CPU spent beyond the budget, and when last charged
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -83,7 +101,8 @@ class AnnChecker:
     def from_settings(cls, cache_settings) -> "AnnChecker":
         return cls(batch_size=cache_settings.ann_check_batch_size,
                    max_wait_ms=cache_settings.ann_check_batch_wait_ms,
-                   max_pending=cache_settings.ann_check_max_pending)
+                   max_pending=cache_settings.ann_check_max_pending,
+                   cpu_share=cache_settings.ann_check_cpu_share)
 
     # -- request side -----------------------------------------------------------------
 
@@ -112,11 +131,22 @@ class AnnChecker:
             return None
         return future
 
+    def within_budget(self) -> bool:
+        """Whether a new check fits the CPU budget (always, without one). Read without the lock:
+        a stale answer costs one check more or less."""
+        return not self.cpu_share or self._debt_now(self._clock()) < self.cpu_share * BUDGET_BURST_S
+
+    def _debt_now(self, now: float) -> float:
+        return max(0.0, self._debt_s - self.cpu_share * (now - self._debt_at))
+
     def count_drop(self, reason: str, count: int = 1) -> None:
-        """Count a sampled check that was not run (also used by the cache for ``backlog``)."""
+        """Count a sampled check that was not run (also used by the cache for ``backlog``
+        and ``budget``)."""
         now = time.monotonic()
         with self._cond:
             self._dropped[reason] += count
+            if reason in QUIET_REASONS:
+                return
             self._dropped_unlogged += count
             due = now - self._last_drop_log >= DROP_LOG_INTERVAL_S
             if due:
@@ -222,10 +252,14 @@ class AnnChecker:
                 [p.mark for p in group.items])
         except Exception:  # a failed batch must not cost the events; they go out unchecked
             log.exception("batched ANN check failed", extra={"checks": len(group.items)})
-        cpu_us = int((time.thread_time() - started) * 1e6)
+        cpu_s = time.thread_time() - started
+        cpu_us = int(cpu_s * 1e6)
         with self._cond:
             self._pending -= len(group.items)
             self._counts["cpu_us"] += cpu_us
+            if self.cpu_share:
+                now = self._clock()
+                self._debt_s, self._debt_at = self._debt_now(now) + cpu_s, now
             if outcomes is None:
                 self._dropped["failed"] += len(group.items)
             else:

@@ -284,11 +284,51 @@ def test_backlog_skips_are_counted_as_dropped():
     checker.close()
 
 
+def test_checks_over_their_cpu_budget_are_skipped_counted_quietly_and_resume_as_it_recovers(caplog):
+    now = [0.0]
+    # A billionth of a core, with 5 s of it as slack: any scan overspends it, and it takes
+    # about 10^5 budget-seconds per 0.1 ms of scan to recover.
+    checker = AnnChecker(batch_size=1, max_wait_ms=0, cpu_share=1e-9, clock=lambda: now[0])
+    executor = ManualExecutor()
+    cache, _, sink, _ = filled_cache("flat", entries=100, event_executor=executor, ann_checker=checker)
+    executor.run_all()
+    sink.events.clear()
+    caplog.set_level(logging.INFO, logger="cache_core.store.ann_check")
+    assert checker.within_budget()
+    cache.lookup("t0", unit_id="u")
+    assert until(lambda: checker.stats()["checked"] == 1)
+    assert not checker.within_budget()
+    cache.lookup("t10", unit_id="u")
+    now[0] += 1e9  # the spend decays with the budget's time
+    assert checker.within_budget()
+    cache.lookup("t20", unit_id="u")
+    assert until(lambda: checker.stats()["checked"] == 2)
+    stats = checker.stats()
+    assert stats["submitted"] == 2 and stats["dropped"]["budget"] == 1
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]  # the design working, not a fault
+    text = generate_latest(ServiceMetrics(cache, lambda: {}).registry).decode()
+    assert 'scache_ann_checks_dropped_total{reason="budget"} 1.0' in text
+    executor.run_all()
+    assert [e.ann_checked for e in sink.events] == [True, False, True]
+    checker.close()
+
+
+def test_without_a_budget_every_sampled_check_runs():
+    checker = AnnChecker(batch_size=1, max_wait_ms=0, cpu_share=0.0, clock=lambda: 0.0)
+    cache, _, _, _ = filled_cache("flat", entries=100, ann_checker=checker)
+    for i in range(0, 50, 10):
+        cache.lookup(f"t{i}", unit_id="u")
+    assert until(lambda: checker.stats()["checked"] == 5)
+    assert checker.within_budget() and checker.stats()["dropped"]["budget"] == 0
+    checker.close()
+
+
 def test_the_app_batches_checks_exposes_them_in_metrics_and_drains_at_shutdown():
     vecs = clustered(50, seed=2)
     table = {f"t{i}": v for i, v in enumerate(vecs)}
     exp = experiment(ArmConfig(name="a", threshold=0.99, ann_check_rate=1.0))
-    settings = Settings(cache={"ann_check_batch_size": 16, "ann_check_batch_wait_ms": 5000}, service={"open_access": True})
+    settings = Settings(cache={"ann_check_batch_size": 16, "ann_check_batch_wait_ms": 5000, "ann_check_cpu_share": 0.5},
+                        service={"open_access": True})
     publisher = RecordingPublisher()
     app = create_app(build_components(settings, publisher, TableEmbedder(table),
                                       registry=ExperimentRegistry({exp.experiment_id: exp})))
@@ -298,6 +338,7 @@ def test_the_app_batches_checks_exposes_them_in_metrics_and_drains_at_shutdown()
         for i in range(20):
             assert client.post("/v1/lookup", json={"query": f"t{i}", "unit_id": "u"}).json()["hit"]
         checker = app.state.components.cache.ann_checker
+        assert checker.cpu_share == 0.5
         assert until(lambda: checker.stats()["checked"] == 16, timeout_s=4.0)
         text = client.get("/metrics").text
         assert "scache_ann_checks_batched_total 16.0" in text  # one full batch ran
