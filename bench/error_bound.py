@@ -43,6 +43,7 @@ import pandas as pd
 from cache_core.clusters import OnlineClusters
 from cache_core.decision.error_bound import Judged
 from cache_core.decision.rule import HitRule
+from cache_core.embedding.onnx import ENCODING_VERSION
 from cache_core.experiments import ArmConfig
 from cache_core.records import CacheEntry, Candidate
 from cache_core.runtime import scache_home
@@ -71,7 +72,7 @@ def encoded(texts: list[str], name: str) -> np.ndarray:
     from cache_core.settings import CacheSettings
 
     settings = CacheSettings()
-    store = scache_home() / "bench" / f"{name}-{settings.encoder_backend}.npy"
+    store = scache_home() / "bench" / f"{name}-{settings.encoder_backend}-e{ENCODING_VERSION}.npy"
     if store.exists():
         vecs = np.load(store)
         if len(vecs) == len(texts):

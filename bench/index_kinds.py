@@ -69,6 +69,7 @@ import pandas as pd
 
 from cache_core.store import kinds as index_kinds
 from cache_core.store.faiss import IndexSpec, VectorIndex, set_search_threads
+from cache_core.embedding.onnx import ENCODING_VERSION
 from cache_core.runtime import scache_home
 from infra.runtime import BANKING77_DIR
 
@@ -103,7 +104,7 @@ def encoded(split: str) -> np.ndarray:
     from cache_core.settings import CacheSettings
 
     settings = CacheSettings()
-    store = scache_home() / "bench" / f"banking77-{split}-{settings.encoder_backend}.npy"
+    store = scache_home() / "bench" / f"banking77-{split}-{settings.encoder_backend}-e{ENCODING_VERSION}.npy"
     if store.exists():
         return np.load(store)
     texts = list(pd.read_csv(BANKING77_DIR / f"{split}.csv").text)

@@ -42,6 +42,7 @@ from cache_core.decision.judge_tokens import (TokenVectorCache, token_encoder, t
                                               uncached_token_encoder)
 from cache_core.decision.judge_cuts import curve
 from cache_core.decision.judge_train import featurise, fit_artifact, fit_with_own_labels, split
+from cache_core.embedding.onnx import ENCODING_VERSION
 from cache_core.runtime import scache_home
 from infra.runtime import shared_data_dir
 
@@ -77,7 +78,7 @@ def shared_features(data: Path, max_pairs: int) -> dict[str, tuple[np.ndarray, n
 
 def features(data: Path, encode, tokens, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     pairs = load_pairs(data, encode, max_pairs)
-    digest = hashlib.sha256(json.dumps([FEATURE_NAMES, {k: v for k, v in sorted(pairs.items())}]).encode())
+    digest = hashlib.sha256(json.dumps([FEATURE_NAMES, ENCODING_VERSION, {k: v for k, v in sorted(pairs.items())}]).encode())
     cache = scache_home() / "bench" / f"judge-features-{digest.hexdigest()[:12]}.npz"
     if cache.is_file():
         stored = np.load(cache)

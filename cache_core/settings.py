@@ -90,7 +90,8 @@ class CacheSettings(_Documented):
     longest, and under load each worker taking the next text alone cost less CPU per lookup than
     batches of 8 (bench/front_throughput.py, three paired rounds on a quiet machine: c32 p99
     x0.62 / x0.62 / x0.86, lookups/s x1.10 / x1.10 / x0.95; c256 x1.00-1.06;
-    bench/results/front_throughput-max-batch-ab.jsonl)."""
+    bench/results/front_throughput-max-batch-ab.jsonl). The int8 encoder runs the texts of a batch
+    one by one anyway, so that a text's vector does not depend on its batch (OnnxEmbedder)."""
     encoder_inline: bool = True
     """A lookup alone in flight, with every encoder worker idle, is encoded in the event loop itself
     (no hand-off to a worker thread and back; the loop is held for that one encode, ~2 ms for

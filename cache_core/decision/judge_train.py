@@ -470,7 +470,10 @@ def _feature_store(settings, disabled: bool) -> FeatureStore | None:
 
     if disabled:
         return None
-    return FeatureStore(scache_home() / "judge-features", f"{settings.model}|{settings.encoder_backend}")
+    from cache_core.embedding.onnx import ENCODING_VERSION
+
+    return FeatureStore(scache_home() / "judge-features",
+                        f"{settings.model}|{settings.encoder_backend}|encoding {ENCODING_VERSION}")
 
 
 def _encoders(settings):
