@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from cache_core.embedding.cache import EmbeddingCache
+from cache_core.embedding.cache import EmbeddingCache, remembering
 from cache_core.events import CacheEvent, clickhouse_columns
 from cache_core.settings import Settings
 from tests.unit.cache_core.helpers import TableEmbedder
@@ -29,6 +29,27 @@ def test_lru_keeps_the_most_recent_texts_and_counts():
     assert cache.get("c").vec == pytest.approx(vec(2)) and cache.get("a") is not None
     stats = cache.stats()
     assert (stats["hits"], stats["misses"]) == (3, 1) and stats["hit_rate"] == pytest.approx(0.75)
+
+
+def test_a_remembering_encoder_asks_the_model_once_per_distinct_text_and_keeps_the_order():
+    calls: list[list[str]] = []
+    table = {t: vec(i) * (i + 2) for i, t in enumerate("abcd")}  # raw vectors: norms 2..5
+
+    def model(texts):
+        calls.append(list(texts))
+        raw = np.stack([table[t] for t in texts]) if texts else np.zeros((0, 8), np.float32)
+        norms = np.linalg.norm(raw, axis=1)
+        return raw / np.maximum(norms, 1e-9)[:, None], norms
+
+    encode = remembering(model, max_entries=2)
+    first = encode(["a", "b", "a"])
+    assert calls == [["a", "b"]]
+    assert first == pytest.approx(np.stack([vec(0), vec(1), vec(0)]))
+    assert encode(["b", "c", "a"]) == pytest.approx(np.stack([vec(1), vec(2), vec(0)]))
+    assert calls[1] == ["c"]  # "a" and "b" remembered
+    encode(["a", "b"])  # two remembered: "c" pushed out "b", the least recently used
+    assert calls[2] == ["b"]
+    assert encode([]).shape == (0, 8)
 
 
 def test_saved_time_is_the_recent_mean_encode_time_per_text():
