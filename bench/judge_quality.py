@@ -230,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_latency and last.is_file():
         timing = json.loads(last.read_text())["latency"]
     else:
-        timing = latency(embedder.encode, args.data, feats)
+        from cache_core.embedding.load import load_embedder
+        from cache_core.settings import CacheSettings
+
+        timing = latency(load_embedder(CacheSettings(model=MODEL)).encode, args.data, feats)
     write(results, timing)
     return 0
 
