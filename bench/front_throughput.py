@@ -1,7 +1,7 @@
 """Lookups per second and latency of one cache replica under concurrent clients, two builds side by side.
 
     python -m bench.front_throughput [--before REF] [--gptcache] [--entries 10000] [--backend onnx-int8]
-                                     [--concurrency 1 32 256] [--seconds 8] [--rounds 3] [--tag NAME]
+                                     [--concurrency 1 32 256] [--seconds 8] [--rounds 3] [--rate R] [--tag NAME]
 
 Each build (the working tree as ``after``; with ``--before REF`` also that git commit, exported with
 ``git archive`` into a temporary directory, as ``before``) runs as its own process, the way
@@ -9,7 +9,9 @@ Each build (the working tree as ``after``; with ``--before REF`` also that git c
 access line per request, to a file), open access, a null publisher, ``--entries`` banking77-shaped
 entries (``bench.lookup_latency``'s corpus) in one HNSW partition. A separate driver process (this one)
 keeps N keep-alive connections busy with ``POST /v1/lookup`` (raw HTTP/1.1 on asyncio, so the driver
-itself costs little) for ``--seconds`` per level. Every query is a banking77 test question with a
+itself costs little) for ``--seconds`` per level: closed loop by default (each connection sends its next
+lookup when the last is answered), or with ``--rate R`` open loop (lookup i due at i / R s over the
+shared connections, its latency counted from then: p99 at an offered load, not at saturation). Every query is a banking77 test question with a
 suffix of digits naming the round, the level, the build and the request (``driven_query``), so no request
 is answered from the embedding cache, and every build's queries are the same number of word pieces.
 Before the fifth round the suffix named the round, the build and the request but not the level, so a
@@ -344,12 +346,18 @@ def lookup_request(build: Build, query: str, unit: str) -> bytes:
             b"content-length: %d\r\n\r\n%s" % (build.path.encode(), len(body), body))
 
 
-async def drive(build: Build, queries: list[str], tag: str, concurrency: int, seconds: float) -> dict:
-    """``concurrency`` connections, each sending its next lookup as soon as the last is answered."""
+async def drive(build: Build, queries: list[str], tag: str, concurrency: int, seconds: float,
+                rate: float | None = None) -> dict:
+    """``concurrency`` connections, each sending its next lookup as soon as the last is answered
+    (closed loop: the service's pace sets the rate, and latency is concurrency / throughput).
+    With ``rate``: lookup i is due at i / rate seconds (open loop, the connections shared), and its
+    latency counts from when it was due, so a lookup that waited for a free connection because the
+    service fell behind is charged for the wait (no coordinated omission)."""
     latencies: list[float] = []
     errors = {"status": 0, "connection": 0}
     counter = iter(range(10**9))
-    stop_at = time.perf_counter() + seconds
+    begun = time.perf_counter()
+    stop_at = begun + seconds
 
     async def client() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", build.port)
@@ -358,6 +366,11 @@ async def drive(build: Build, queries: list[str], tag: str, concurrency: int, se
                 i = next(counter)
                 request = lookup_request(build, driven_query(queries, i, tag), f"u{i}")
                 started = time.perf_counter()
+                if rate is not None:
+                    started = begun + i / rate
+                    if started >= stop_at:
+                        break
+                    await asyncio.sleep(max(0.0, started - time.perf_counter()))
                 writer.write(request)
                 status, _ = await read_response(reader)
                 latencies.append((time.perf_counter() - started) * 1000)
@@ -451,7 +464,8 @@ async def run(args) -> dict:
                         cpu, loop_cpu = builds[name].cpu_s()
                         switches = builds[name].switches() if builds[name].stalls is not None else None
                         since, driver_cpu = time.monotonic(), time.process_time()
-                        level = await drive(builds[name], queries, f"{r % 10}-{li % 10}-{index[name]}", c, args.seconds)
+                        level = await drive(builds[name], queries, f"{r % 10}-{li % 10}-{index[name]}", c, args.seconds,
+                                            args.rate)
                         cpu_after, loop_after = builds[name].cpu_s()
                         if switches is not None:
                             switches = {k: v - switches[k] for k, v in builds[name].switches().items()}
@@ -474,7 +488,7 @@ async def run(args) -> dict:
             for build in builds.values():
                 build.stop()
     out = {"entries": args.entries, "backend": args.backend, "seconds": args.seconds, "before": args.before,
-           "rounds": rounds}
+           "rate": args.rate, "rounds": rounds}
     if any(c == 1 for c in args.concurrency):  # the "c1 p50 within 1.5x of one bare encode" goal, per round
         out["c1_p50_over_bare_encode"] = {
             name: {base: [round(r[name]["c1"]["p50_ms"] / r[base]["c1"], 2) for r in rounds if r[name]["c1"]["p50_ms"]]
@@ -542,6 +556,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="offered lookups/s per level (open loop over the level's connections; latency from "
+                             "when each lookup was due); default: closed loop, as fast as answers come back")
     parser.add_argument("--profile", action="store_true",
                         help="profile each service's event-loop thread (pyinstrument) into bench/results")
     parser.add_argument("--tag", default="")
