@@ -163,8 +163,8 @@ class CacheSettings(_Documented):
     ann_check_cpu_share: float = Field(0.05, ge=0, le=64)
     """Of one core, what the batched checks' exact scans may use on average; past it (with 5 s of it as
     slack) sampled checks are skipped, counted as dropped (reason budget), so their cost stays bounded
-    as the index and the traffic grow (a scan of 10^5 entries costs ~16 ms a check: at rate 0.1 and
-    400 lookups/s, two thirds of a core); 0: no budget, every sampled check runs."""
+    as the index and the traffic grow (at 10^5 entries a check costs ~12 ms of CPU: at rate 0.1 and
+    ~370 lookups/s, 0.45 of a core; bench/ann_check_cost.py); 0: no budget, every sampled check runs."""
 
 
 CLUSTER_REFRESH_JITTER = 0.1

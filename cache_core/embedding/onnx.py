@@ -284,7 +284,7 @@ class OnnxEmbedder:
     cosine to itself alone down to 0.982, pair cosines moved by up to 0.08), and a store
     encoded in a batch disagreed with a lookup of the same text encoded on its own. Alone,
     a text has one vector, a little closer to fp32's (min cosine 0.9885 vs 0.9865 on 400
-    banking77 questions), and short texts cost no more per text than in padded batches.
+    banking77 questions), at about the same CPU per text as padded batches (less for long texts).
     """
 
     def __init__(self, session, tokenizer, input_names: list[str], name: str, export_dir: Path,

@@ -13,8 +13,8 @@ checks (looked at every few ms while waiting), the waiting event hurries its gro
 it runs before its deadline.
 
 A CPU budget (``cpu_share`` of one core, on average) bounds what the scans cost: an exact scan
-reads every row, so its cost grows with the index (~1.6 ms a check at 10^4 entries, ~16 ms at
-10^5, bench/ann_check_cost.py) and with the lookup rate, and at a fixed sampling rate a large,
+reads every row, so its cost grows with the index (~1.5 ms of CPU a check at 10^4 entries,
+~12 ms at 10^5, bench/ann_check_cost.py) and with the lookup rate, and at a fixed sampling rate a large,
 busy replica would spend most of a core measuring its index. Past the budget, ``within_budget``
 says no and the cache skips the draw (counted as dropped, reason ``budget``) until the spend
 has decayed back under it. Which lookups are checked then depends on time only, not on the
