@@ -69,8 +69,6 @@ import pandas as pd
 
 from cache_core.store import kinds as index_kinds
 from cache_core.store.faiss import IndexSpec, VectorIndex, set_search_threads
-from cache_core.embedding.onnx import ENCODING_VERSION
-from cache_core.runtime import scache_home
 from infra.runtime import BANKING77_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -99,19 +97,11 @@ SCANS = ("flat", "sq_")  # kinds that read every entry per query
 
 
 def encoded(split: str) -> np.ndarray:
-    """banking77 ``split`` encoded by the cache's default encoder (kept between runs)."""
-    from cache_core.embedding.load import load_embedder
-    from cache_core.settings import CacheSettings
+    """banking77 ``split`` encoded by the cache's default encoder (kept between runs, as
+    ``bench.error_bound.encoded`` keeps it: the same file)."""
+    from bench.error_bound import encoded as encoded_texts
 
-    settings = CacheSettings()
-    store = scache_home() / "bench" / f"banking77-{split}-{settings.encoder_backend}-e{ENCODING_VERSION}.npy"
-    if store.exists():
-        return np.load(store)
-    texts = list(pd.read_csv(BANKING77_DIR / f"{split}.csv").text)
-    vecs = load_embedder(settings).encode(texts).astype(np.float32)
-    store.parent.mkdir(parents=True, exist_ok=True)
-    np.save(store, vecs)
-    return vecs
+    return encoded_texts(list(pd.read_csv(BANKING77_DIR / f"{split}.csv").text), f"banking77-{split}")
 
 
 def unit(rows: np.ndarray) -> np.ndarray:
