@@ -365,9 +365,10 @@ async def drive(build: Build, queries: list[str], tag: str, concurrency: int, se
             while time.perf_counter() < stop_at:
                 i = next(counter)
                 request = lookup_request(build, driven_query(queries, i, tag), f"u{i}")
-                started = time.perf_counter()
-                if rate is not None:
-                    started = begun + i / rate
+                if rate is None:
+                    started = time.perf_counter()
+                else:
+                    started = begun + i / rate  # when it was due
                     if started >= stop_at:
                         break
                     await asyncio.sleep(max(0.0, started - time.perf_counter()))

@@ -97,12 +97,13 @@ def remembering(encode_with_norms: Callable[[list[str]], tuple[np.ndarray, np.nd
         texts = list(texts)
         if not texts:
             return encode_with_norms([])[0]
-        vec_of = {}
+        vec_of, missing = {}, []
         for text in dict.fromkeys(texts):
             found = cache.get(text)
-            if found is not None:
+            if found is None:
+                missing.append(text)
+            else:
                 vec_of[text] = found.vec
-        missing = [t for t in dict.fromkeys(texts) if t not in vec_of]
         if missing:
             started = time.perf_counter()
             vecs, norms = encode_with_norms(missing)
