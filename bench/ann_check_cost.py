@@ -91,6 +91,17 @@ class Recorder:
             self.checked += bool(event.ann_checked)
 
 
+def _valid_mode(mode: str) -> bool:
+    """One of MODES, ``batched:<wait ms>`` or ``budget:<share>`` (a number >= 0)."""
+    kind, _, value = mode.partition(":")
+    if not value:
+        return kind in MODES
+    try:
+        return kind in ("batched", "budget") and float(value) >= 0
+    except ValueError:
+        return False
+
+
 def run_phase(cache: SemanticCache, recorder: Recorder, check_cpu: CheckCpu, mode: str,
               queries: list[str], concurrency: int, rate: float, args) -> dict:
     checker = None
@@ -235,6 +246,9 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        if not _valid_mode(mode):
+            parser.error(f"unknown mode {mode!r}: none, single, single-blas2, batched[:<wait ms>] or budget:<share>")
     set_search_threads(1)
     embedder = load_embedder(CacheSettings(encoder_backend=args.backend, encoder_threads=1))
     test = pd.read_csv(BANKING77 / "test.csv")

@@ -571,6 +571,8 @@ def main() -> None:
     parser.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stalls-to", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be a positive number of lookups per second, got {args.rate:g}")
     if args.serve is not None:
         serve(args.serve, args.entries, args.backend, args.profile_to, args.stalls_to)
         return
