@@ -13,8 +13,9 @@ and a seeded 80/20 split), the product's own public-only fit (``judge_train.fit_
   never influences the cut.
 
 On T's test split, at 2 / 5 / 10% targets: the wrong share of hits and the share of T's true
-duplicates served at each cut, and cosine's best cut there (an oracle on T's test split, for
-reference). Seeds give the ranges. Features are the ones ``bench.judge_quality`` caches.
+duplicates served at each cut; the same for a cosine threshold picked from the same three sets'
+rows (``cosine_cuts``: what a user without the judge would ship); and cosine's best cut there
+(an oracle on T's test split, for reference). Seeds give the ranges. Features are the ones ``bench.judge_quality`` caches.
 Writes bench/results/judge_unseen_kind.{json,md,png}.
 """
 from __future__ import annotations
@@ -27,12 +28,15 @@ import time
 import numpy as np
 
 from bench.judge_quality import MODEL, RESULTS, SOURCES, TARGETS, recall_at, served_at_cut, shared_features
+from cache_core.decision.judge_cuts import by_source, operating_points, strictest_over_sources
 from cache_core.decision.judge_train import fit_shared
 from infra.runtime import shared_data_dir
 
 log = logging.getLogger("bench.judge_unseen_kind")
 RULES = {"sources": "strictest over sources", "unseen kind": "kinds left out"}
 """Column name -> the key of its cuts in the report's ``operating_points_by_rule``."""
+COLUMNS = ("cosine cut", *RULES)
+"""Per run: a static threshold chosen the same way (``cosine_cuts``), then the judge's two rules."""
 SAMPLE = 0.9
 
 
@@ -45,6 +49,15 @@ def training_set(feats, sources: list[str], seed: int):
         keep = np.sort(rng.permutation(len(y))[:int(SAMPLE * len(y))])
         parts.append((X[keep], y[keep], np.full(len(keep), src)))
     return tuple(np.concatenate(p) for p in zip(*parts))
+
+
+def cosine_cuts(cosine: np.ndarray, y: np.ndarray, sources: np.ndarray) -> dict[str, float]:
+    """A threshold picked from the same public rows the way the judge's "sources" rule picks its
+    cut: per target, the pooled operating point raised to the strictest of the sets' own (the same
+    Jeffreys bound; nothing is fitted, so every row counts). What the judge's cut has to beat on a
+    kind neither has seen."""
+    pooled = {k: v["accept_at"] for k, v in operating_points(cosine, y).items()}
+    return strictest_over_sources(pooled, by_source(cosine, y, sources))
 
 
 def evaluate(feats, seeds: int) -> dict:
@@ -60,27 +73,28 @@ def evaluate(feats, seeds: int) -> dict:
             prob = artifact.probabilities(Xt)
             run = {"seed": seed, "fit_s": round(time.monotonic() - started, 1),
                    "kind_left_out_points": artifact.report.get("kind_left_out_points", {})}
-            for name, key in RULES.items():
-                cuts = artifact.report["operating_points_by_rule"][key]
+            columns = {"cosine cut": (Xt[:, 0], cosine_cuts(X[:, 0], y, src))}
+            columns |= {name: (prob, artifact.report["operating_points_by_rule"][key]) for name, key in RULES.items()}
+            for name, (score, cuts) in columns.items():
                 run[name] = {}
                 for target, cut in cuts.items():
-                    served, wrong = served_at_cut(prob, yt, cut)
+                    served, wrong = served_at_cut(score, yt, cut)
                     run[name][target] = {"accept_at": cut, "served": served, "wrong": wrong}
             row["runs"].append(run)
-            log.info("%s seed %d: %s", held, seed, json.dumps({n: run[n] for n in RULES}))
+            log.info("%s seed %d: %s", held, seed, json.dumps({n: run[n] for n in COLUMNS}))
         out[held] = row
     return out
 
 
 def summary(out: dict) -> list[str]:
     lines = ["| never-seen set | target | cosine, best cut | " +
-             " | ".join(f"{name}: served (range) | {name}: wrong (max)" for name in RULES) + " |",
-             "|---|---|---|" + "---|---|" * len(RULES)]
+             " | ".join(f"{name}: served (range) | {name}: wrong (max)" for name in COLUMNS) + " |",
+             "|---|---|---|" + "---|---|" * len(COLUMNS)]
     for held, row in out.items():
         for t in TARGETS:
             key = f"{t:.2f}"
             cells = []
-            for name in RULES:
+            for name in COLUMNS:
                 served = [r[name][key]["served"] * 100 for r in row["runs"]]
                 wrong = [r[name][key]["wrong"] * 100 for r in row["runs"]]
                 cells += [f"{np.mean(served):.1f}% ({min(served):.1f}-{max(served):.1f})",
@@ -100,7 +114,7 @@ def plot(out: dict) -> None:
     for ax, (held, row) in zip(np.atleast_1d(axes), out.items()):
         for i, t in enumerate(TARGETS):
             key = f"{t:.2f}"
-            for name, marker in zip(RULES, "ox"):
+            for name, marker in zip(COLUMNS, "sox"):
                 ax.scatter([r[name][key]["wrong"] * 100 for r in row["runs"]],
                            [r[name][key]["served"] * 100 for r in row["runs"]], marker=marker, color=f"C{i}",
                            label=f"{name}, {t:.0%}")
