@@ -62,7 +62,13 @@ class SemanticCache:
 
     ``ann_checker`` (a ``cache_core.store.ann_check.AnnChecker``, optional) batches the sampled
     checks; without it each one scans alone in the executor. The event waits for its
-    batch (up to the checker's ``max_wait_ms``), so give it a background executor only."""
+    batch (up to the checker's ``max_wait_ms``), so give it a background executor only.
+
+    Why one class of ~450 lines: it is the facade every caller (service, replicas, journal,
+    benches) holds, and its methods are short hand-offs to the rooms that do the work (search
+    in ``store``, the hit rule in ``decision``, events in ``emit``, state in ``state``). What
+    stays here is the lookup and store sequence and the input checks at its door; split by
+    operation, each piece would need the same registry, stores and emitter passed around."""
 
     def __init__(self, embedder: Embedder, registry: ExperimentRegistry, *,
                  clock: Clock = time.time, event_sink: EventSink | None = None,
