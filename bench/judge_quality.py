@@ -104,7 +104,7 @@ def rule_scores(rows, cosine: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndar
     from cache_core.experiments import MultiSimilarityConfig
 
     multi = MultiSimilarityConfig()
-    weights = Weights(multi.token, multi.phrase, multi.intent)
+    weights = Weights.of(multi)
     allowed = np.array([first_conflict(query, cached, GUARDS) is None for cached, query, *_ in rows])
     mixed = np.array([mixed_scores(query, [cached], [""], [float(cos)], weights, multi.lexical)[0]
                       for (cached, query, *_), cos in zip(rows, cosine)])

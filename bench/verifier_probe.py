@@ -142,7 +142,7 @@ def check_against_the_cache(c: dict[str, np.ndarray], rows: int = 200) -> None:
     for r in range(min(rows, len(served))):
         ranked = rank(c["asked"][r], c["texts"][r], list(c["answers"][r]), [float(x) for x in c["cosine"][r]],
                       cosine_threshold=GATE, score_threshold=d.threshold, answer_margin=d.answer_margin,
-                      weights=Weights(d.token, d.phrase, d.intent), lexical="char3")
+                      weights=Weights.of(d), lexical="char3")
         want = next((x.index for x in ranked if x.eligible), -1)
         assert want == served[r], f"row {r}: rank() serves {want}, the probe {served[r]}"
 

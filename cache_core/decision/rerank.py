@@ -80,6 +80,12 @@ class Weights:
     phrase: float = 0.4
     intent: float = 0.3
 
+    @classmethod
+    def of(cls, levels) -> "Weights":
+        """The weights of anything with ``token``, ``phrase`` and ``intent`` (an arm's
+        ``MultiSimilarityConfig``)."""
+        return cls(token=levels.token, phrase=levels.phrase, intent=levels.intent)
+
 
 @dataclass(frozen=True)
 class Ranked:

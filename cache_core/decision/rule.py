@@ -154,7 +154,7 @@ class HitRule:
                       [c.entry.answer for c in candidates], [c.similarity for c in candidates],
                       cosine_threshold=threshold, score_threshold=multi.threshold,
                       answer_margin=multi.answer_margin,
-                      weights=Weights(token=multi.token, phrase=multi.phrase, intent=multi.intent),
+                      weights=Weights.of(multi),
                       lexical=multi.lexical)
         eligible = [candidates[r.index] for r in ranked if r.eligible]
         if not ranked:
