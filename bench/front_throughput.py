@@ -38,6 +38,10 @@ context switches and the other threads' voluntary ones (their wake-ups; the stal
 
 Writes bench/results/front_throughput[-TAG].json and a PNG of the same name (lookups/s and p99 per
 round and level, each build a colour; ``--plot-only JSON`` redraws one from a saved result).
+
+Over 500 lines because it is three tools that must agree on one measurement: the load driver
+(closed loop and offered rate), the builds it drives side by side (paired commits, GPTCache's
+server), and the in-service probes.
 """
 from __future__ import annotations
 

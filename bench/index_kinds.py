@@ -51,6 +51,9 @@ lookup's search, liveness filter included) and ``cache_recall_at_1`` is its best
 exact float32 search.
 
 Prints a table; writes bench/results/<out>.json and <out>.png.
+
+Over 500 lines because it measures every index kind three ways (structure, all in, the whole
+cache's parts) over one shared set of vectors, so the three tables stay comparable.
 """
 from __future__ import annotations
 

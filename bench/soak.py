@@ -29,6 +29,9 @@ the heap fixes: entries of abandoned namespaces and RSS grew) and soak-sweep-tri
 malloc_trim every minute, mmap threshold not pinned: RSS a sawtooth).
 The machine is small and shared (2 cores): latency is noisy; memory, threads, fds and disk are
 what the verdicts are for.
+
+Over 500 lines because one run samples every resource a replica can leak (memory, threads,
+fds, disk, latency) and gives each its own growth verdict; the samplers share the run's clock.
 """
 from __future__ import annotations
 

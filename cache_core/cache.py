@@ -13,6 +13,9 @@ The event's ``similarity`` is the cosine of the entry served (or of the nearest)
 multi arm its ``score`` / ``score_margin`` carry the best-ranked candidate's mixed score
 and its lead over the best candidate with another answer, so that a multi arm's
 thresholds can be re-evaluated offline.
+
+Over 500 lines because ``SemanticCache`` is the facade every caller goes through (its class
+docstring says why it stays one class); it is nearly all of the module.
 """
 from __future__ import annotations
 
