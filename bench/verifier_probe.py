@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from cache_core.embedding.load import load_embedder
+from cache_core.embedding.onnx import ENCODING_VERSION
 from cache_core.experiments import MultiSimilarityConfig
 from cache_core.settings import CacheSettings
 from cache_core.decision.rerank import Weights, answer_consensus, lexical_overlap, rank
@@ -98,7 +99,8 @@ def encoded(name: str, embedder, texts: list[str]) -> np.ndarray:
 def candidates(split: dict, encoders: dict) -> dict[str, np.ndarray]:
     """Per asked query, its MiniLM top-k stored questions and each one's decision terms."""
     (stored, answers), (asked, expected) = split["store"], split["ask"]
-    mini_s, mini_q = encoded("minilm", encoders["minilm"], stored), encoded("minilm", encoders["minilm"], asked)
+    cached_as = f"minilm-e{ENCODING_VERSION}"  # the int8 vectors changed with the encoding (20fb1a2)
+    mini_s, mini_q = encoded(cached_as, encoders["minilm"], stored), encoded(cached_as, encoders["minilm"], asked)
     index = faiss.IndexFlatIP(mini_s.shape[1])
     index.add(mini_s)
     cosine, top = index.search(mini_q, TOP_K)
