@@ -84,8 +84,16 @@ def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 
         tc, tq = tokens(cached), tokens(query)
         out.extend(pair_features(c, q, s, a, b) for c, q, s, a, b in zip(cached, query, cos, tc, tq))
         if start // batch % 20 == 0:
-            log.info("features %d/%d (%.0f s)", min(start + batch, len(pairs)), len(pairs), time.monotonic() - started)
+            done = min(start + batch, len(pairs))
+            log.info("features %d/%d (%s)", done, len(pairs), _progress(done, len(pairs), time.monotonic() - started))
     return np.asarray(out, dtype=np.float64)
+
+
+def _progress(done: int, total: int, took: float) -> str:
+    """A progress line's "12 s, ~3 min to go"; past a quarter of an hour in all, how to sample."""
+    left = took * (total - done) / done
+    eta = f"{left:.0f} s" if left < 120 else f"{left / 60:.0f} min" if left < 7200 else f"{left / 3600:.1f} h"
+    return f"{took:.0f} s, ~{eta} to go" + ("; --max-pairs N trains on a seeded sample" if took + left > 900 else "")
 
 
 def fit_trees(X: np.ndarray, y: np.ndarray, seed: int, weights: np.ndarray | None = None) -> Trees:
@@ -195,12 +203,10 @@ def unseen_kind_cut(artifact: JudgeArtifact, X: np.ndarray, y: np.ndarray, sourc
     the left-out set's rows is carried over as the share of the known sets' held-out
     duplicates it serves (``judge_cuts.unseen_kind_cuts``).
 
-    Measured (bench/judge_unseen_kind.py, each public set in turn as the never-seen test
-    kind, the rule run on the other three only, 3 seeds): at a 5% target the strictest of the
-    sets' own cuts served 8.7 / 0.9 / 3.3 / 14.3% wrong on MRPC / STS-B / banking77 / GPTCache's
-    pairs (worst run 16.6%), this rule 5.7 / 0.0 / 5.8 / 4.4% (worst 7.7%), at the price of most
-    of the duplicates served (3.1 / 5.9 / 2.5 / 20.3% against 25.6 / 23.3 / 5.3 / 67.7%).
-    Costs one fit per set (seconds on stored features)."""
+    Measured (bench/judge_unseen_kind.py, each public set in turn the never-seen kind, 3 seeds,
+    5% target): 1.3 / 0.0 / 7.0 / 3.6% wrong on MRPC / STS-B / banking77 / GPTCache's pairs
+    against the sets' own cuts' 5.4 / 0.0 / 3.5 / 12.4% (worst run 19.3%), at the price of
+    most of the duplicates. Costs one fit per set (seconds on stored features)."""
     kinds = [str(k) for k in np.unique(sources)]
     if len(kinds) < 2:
         return artifact
@@ -234,9 +240,8 @@ def fit_with_own_labels(X_own: np.ndarray, y_own: np.ndarray, X_extra: np.ndarra
     them; the shipped trees then train on every row. The cosine blends are percentiles of
     each fold's own training scores, so the folds' scores are comparable.
 
-    Measured (bench/judge_own_labels.py, 2,000 own labels, four seeds): the 80/20 split's
-    5% cut served 14-35% of MRPC's duplicates from one seed to the next and ran up to 10.8%
-    wrong on banking77; cross-fitted, 35-36% and at most 8.2%."""
+    Measured (bench/judge_own_labels.py, 2,000 own labels, four seeds): the 80/20 split's 5%
+    cut served 0-29% of MRPC's duplicates from one seed to the next; cross-fitted, 32-36%."""
     if folds <= 1 or min(int(y_own.sum()), int((y_own == 0).sum())) < folds * MIN_FOLD_LABELS:
         tr, ho = split(len(y_own), y_own, holdout, seed)
         return fit_artifact(np.vstack([X_own[tr], X_extra]), np.concatenate([y_own[tr], y_extra]),

@@ -209,6 +209,14 @@ def test_max_pairs_trains_on_a_seeded_sample(tmp_path, monkeypatch):
     assert refused.value.code == 2
 
 
+def test_feature_progress_says_how_long_is_left_and_when_to_sample():
+    from cache_core.decision.judge_train import _progress
+
+    assert _progress(256, 3000, 5.0) == "5 s, ~54 s to go"
+    a_quora_sized_file = _progress(256, 400_000, 5.0)
+    assert a_quora_sized_file.startswith("5 s, ~2.2 h to go") and "--max-pairs N" in a_quora_sized_file
+
+
 @pytest.mark.parametrize("content, message", [
     ("query,cached_query,label\na,b,maybe\n", "neither"),
     ("query,cached_query\na,b\n", "needs query, cached_query and label"),
