@@ -6,7 +6,7 @@ Policies (an arm's ``ttl_policy``). ``absolute``: alive until created_at + ttl.
 hit from its context by a model learnt online (``cache_core.adaptive_ttl``). A
 near-duplicate admission (cache_core.admission) adds a grace period to either. The ttl is
 the store request's if it gives one, else the arm's when its config sets ``ttl_s``, else
-the service's default (``ttl_for``).
+the service's default (``ttl_for``). ``CacheEntry.expires_at`` applies the policy.
 
 Expiry is lazy first: an expired entry goes when a lookup finds it among its candidates
 or a store's eviction scan meets it at the LRU end. A store nobody asks any more (a namespace
@@ -32,20 +32,10 @@ from cache_core import heap
 
 if TYPE_CHECKING:
     from cache_core.experiments import ArmConfig
-    from cache_core.records import CacheEntry
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 60.0
-
-
-def expires_at(entry: CacheEntry) -> float:
-    """When ``entry`` stops being served, by its ttl policy."""
-    lifetime = entry.ttl_s + entry.grace_s
-    if entry.ttl_policy in ("sliding", "adaptive"):
-        renewed = (entry.last_hit_at or entry.created_at) + lifetime
-        return min(renewed, entry.created_at + entry.max_age_s)
-    return entry.created_at + lifetime
 
 
 def ttl_for(arm: ArmConfig, ttl_s: float | None, default_ttl_s: float | None) -> float:

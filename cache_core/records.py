@@ -18,7 +18,6 @@ from cache_core.ids import new_id
 from cache_core.publish.event_worker import PendingEvent
 from cache_core.events import CacheEvent
 from cache_core.experiments import ExperimentConfig, TtlPolicy, Variant
-from cache_core.lifetime import expires_at
 
 if TYPE_CHECKING:
     from cache_core.store.faiss import IndexMark
@@ -82,7 +81,12 @@ class CacheEntry:
         self.texts = pack_texts(query, answer)
 
     def expires_at(self) -> float:
-        return expires_at(self)
+        """When this entry stops being served, by its ttl policy (cache_core.lifetime)."""
+        lifetime = self.ttl_s + self.grace_s
+        if self.ttl_policy in ("sliding", "adaptive"):
+            renewed = (self.last_hit_at or self.created_at) + lifetime
+            return min(renewed, self.created_at + self.max_age_s)
+        return self.created_at + lifetime
 
     def alive(self, now: float) -> bool:
         return now < self.expires_at()

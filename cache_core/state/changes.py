@@ -28,17 +28,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from cache_core.decision.error_bound import Judged
+from cache_core.decision.rule import HitRule
 from cache_core.experiments import ArmConfig
-from cache_core.registry import UnknownExperiment
+from cache_core.registry import ExperimentRegistry, UnknownExperiment
+from cache_core.store.stores import Stores
 from cache_core.state.feedback import ServedHit, log_invalidation
 from cache_core.records import CacheEntry, EntryMatch
-
-if TYPE_CHECKING:
-    from cache_core.cache import SemanticCache
 
 DROPPED_IDS_REMEMBERED = 20_000  # entry ids feedback removed, refused if replayed (ids ~32 chars)
 
@@ -89,10 +89,38 @@ class Vote:
 StateChange = Put | Remove | Clear | Purge | Vote | Judged
 
 
+class JudgedSink(Protocol):
+    """The journal (cache_core.state.persistence): verdicts are durable with its next sync."""
+
+    def record_judged(self, judged: Judged) -> None: ...
+
+
+class EntryFeed(Protocol):
+    """Replication's feed to the other replicas (cache_core.state.replication)."""
+
+    def judged(self, judged: Judged) -> None: ...
+    def voted(self, key: Key, entry_id: str, unit_id: str, arm: str) -> None: ...
+    def dropped(self, key: Key, entry_id: str) -> None: ...
+
+
+class CacheState(Protocol):
+    """What the applier reads and writes of a cache (``SemanticCache`` is the one): typed here so
+    that this module need not import the cache that calls it."""
+
+    stores: Stores
+    registry: ExperimentRegistry
+    hit_rule: HitRule
+    journal: JudgedSink | None
+    entry_feed: EntryFeed | None
+    clock: Callable[[], float]
+
+    def sync_journal(self) -> None: ...
+
+
 class StateApplier:
     """Applies changes to ``cache``'s stores (``SemanticCache.apply`` calls it)."""
 
-    def __init__(self, cache: SemanticCache):
+    def __init__(self, cache: CacheState):
         self.cache = cache
         # Entries feedback took out, so a replayed "put" of one cannot bring it back (a restarted
         # replica may apply a verdict before its entries replay reaches the put).

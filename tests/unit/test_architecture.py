@@ -38,11 +38,13 @@ def _run_time_nodes(tree: ast.AST):
         yield from _run_time_nodes(node)
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports when it runs (at the top or in a function)."""
+def _imports(name: str, path: Path, known: set[str], type_checking: bool = False) -> set[str]:
+    """The project modules ``name`` imports when it runs (at the top or in a function); with
+    ``type_checking``, also those it imports for annotations only."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in _run_time_nodes(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree) if type_checking else _run_time_nodes(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -62,9 +64,9 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_checking: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    return {name: _imports(name, path, set(modules), type_checking) for name, path in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,6 +121,11 @@ def test_no_import_circles():
     assert _cycles(_graph()) == []
 
 
+def test_no_circles_through_annotations_either():
+    # an import under TYPE_CHECKING never runs, but a reader still has to hold both modules in mind
+    assert _cycles(_graph(type_checking=True)) == []
+
+
 def test_the_online_path_imports_no_launcher_job_or_dashboard():
     upward = sorted((module, target) for module, targets in _graph().items() if _top(module) in LOWER
                     for target in targets if _top(target) in UPPER)
@@ -142,4 +149,5 @@ def test_the_checks_see_a_circle_and_an_upward_arrow():
     graph = _graph()
     assert "cache_core.decision.rule" in graph["cache_core.cache"]
     assert "cache_core.settings" in graph["cache_core.chclient"]
-    assert "cache_core.cache" not in graph["cache_core.state.changes"]  # for type checking only
+    assert "cache_core.experiments" not in graph["cache_core.lifetime"]  # for type checking only
+    assert "cache_core.experiments" in _graph(type_checking=True)["cache_core.lifetime"]
