@@ -42,7 +42,7 @@ from cache_core.decision.judge_model import LearnedJudge
 from cache_core.decision.judge_shared_pairs import load_pairs
 from cache_core.decision.judge_tokens import (TokenVectorCache, token_encoder, torch_token_encoder,
                                               uncached_token_encoder)
-from cache_core.decision.judge_cuts import curve
+from cache_core.decision.judge_cuts import best_cut_served as recall_at
 from cache_core.decision.judge_train import featurise, fit_artifact, fit_with_own_labels, split
 from cache_core.embedding.onnx import ENCODING_VERSION
 from cache_core.runtime import scache_home
@@ -57,19 +57,6 @@ GUARDS = ("negation", "dates", "numbers")
 """The guards README's arm example lists (``bench.cosine_cuts``'s default)."""
 BLENDS = {"never saw this kind": (None, "min", "mean"), "all shared": ("min",)}
 """Which cosine blends each setup tries (None: the trees alone)."""
-
-
-def recall_at(score: np.ndarray, y: np.ndarray, target: float, served: np.ndarray | None = None) -> float:
-    """The share of all duplicates served at the best cut for ``target``; with ``served``, only
-    those rows can be served (a guard's veto), the rest still count as duplicates missed."""
-    if served is None:
-        served = np.ones(len(y), dtype=bool)
-    if not served.any():
-        return 0.0
-    c = curve(score[served], y[served])
-    ok = np.flatnonzero(c["false_hit"] <= target)
-    share = y[served].sum() / max(y.sum(), 1)
-    return float(c["recall"][ok.max()] * share) if len(ok) else 0.0
 
 
 def served_at_cut(prob: np.ndarray, y: np.ndarray, cut: float) -> tuple[float, float]:

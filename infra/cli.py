@@ -1,6 +1,6 @@
 """scache: a semantic cache for LLM traffic. One command for every command line of the project.
 
-    scache demo|serve|replay|test|autotune|seed|settings|judge-train [ARGS]   (scache COMMAND --help for each)
+    scache demo|serve|replay|test|autotune|seed|settings|judge-train|judge-eval [ARGS]   (scache COMMAND --help for each)
 
 Installed by ``pip install .`` (console script ``scache``). Each subcommand is the module's own ``main`` (``python -m infra.stack serve`` is ``scache serve``). In a
 clone, ``./scache`` does the same after setting up the virtualenv and the jars.
@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "seed": ("cache_core.seed", [], "store a file of answers into a running cache"),
     "settings": ("cache_core.settings", [], "list every SCACHE_* setting and the values in effect"),
     "judge-train": ("cache_core.decision.judge_train", [], "train a judge (the hit rule's second stage) from labelled pairs"),
+    "judge-eval": ("cache_core.decision.judge_eval", [], "check judges on labelled pairs they never saw, beside cosine"),
 }
 
 

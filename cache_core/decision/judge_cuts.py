@@ -78,6 +78,20 @@ def strictest_over_sources(cuts: dict[str, float], per_source: dict[str, dict]) 
             for k in cuts}
 
 
+def best_cut_served(score: np.ndarray, y: np.ndarray, target: float, served: np.ndarray | None = None) -> float:
+    """The share of all duplicates served at the best cut of ``score`` for ``target`` on these very
+    rows (an oracle cut: what a cut picked with their labels would serve); with ``served``, only
+    those rows can be served (a floor or a guard's veto), the rest still count as missed."""
+    if served is None:
+        served = np.ones(len(y), dtype=bool)
+    if not served.any():
+        return 0.0
+    c = curve(score[served], y[served])
+    ok = np.flatnonzero(c["false_hit"] <= target)
+    share = y[served].sum() / max(y.sum(), 1)
+    return float(c["recall"][ok.max()] * share) if len(ok) else 0.0
+
+
 def served_share(prob: np.ndarray, y: np.ndarray, cut: float) -> float:
     """The share of the duplicates (y == 1) scored at or above ``cut``."""
     return float((prob[y == 1] >= cut).mean()) if (y == 1).any() else 0.0

@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             own += training_pairs(get_settings().clickhouse, args.days)
         from cache_core.decision.judge_shared_pairs import shared_pairs
         settings = get_settings().cache
-        encode, tokens = _encoders(settings)
+        encode, tokens = training_encoders(settings)
         labelled = shared_pairs(args.shared_data, encode, args.max_shared_pairs) if args.shared_data else []
         extra, sources = [row[:3] for row in labelled], [row[3] for row in labelled]
     except (PairsError, ValueError, OSError, WarehouseUnavailable) as exc:
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("training judge %s on %d own + %d shared pairs", version, len(own), len(extra))
     artifact = train(own, extra, encode, tokens, version=version, encoder=settings.model, seed=args.seed,
                      holdout=args.holdout, blend=None if args.blend == "none" else args.blend, folds=args.folds,
-                     extra_sources=sources, store=_feature_store(settings, args.no_feature_cache),
+                     extra_sources=sources, store=feature_store_for(settings, args.no_feature_cache),
                      shared_cut=args.shared_cut.replace("-", " "))
     out = args.out or Path(settings.judge_dir)
     path = artifact.save(out)
@@ -472,7 +472,7 @@ def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
     return pairs
 
 
-def _feature_store(settings, disabled: bool) -> FeatureStore | None:
+def feature_store_for(settings, disabled: bool = False) -> FeatureStore | None:
     from cache_core.runtime import scache_home
 
     if disabled:
@@ -483,7 +483,7 @@ def _feature_store(settings, disabled: bool) -> FeatureStore | None:
                         f"{settings.model}|{settings.encoder_backend}|encoding {ENCODING_VERSION}")
 
 
-def _encoders(settings):
+def training_encoders(settings):
     """The cache's own sentence encoder, each distinct text encoded once (the shared sets repeat
     banking77's questions: 25,538 texts in the default run, 17,738 distinct), and the token pass
     (``judge_tokens``, which remembers texts too). A second intra-op thread for the encoder saved

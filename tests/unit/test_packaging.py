@@ -69,15 +69,16 @@ def test_every_direct_dependency_and_extra_is_pinned_as_in_the_lock():
 def test_scache_help_lists_every_command(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("demo", "serve", "replay", "test", "autotune", "seed", "settings"):
+    for command in ("demo", "serve", "replay", "test", "autotune", "seed", "settings", "judge-train", "judge-eval"):
         assert re.search(rf"^  {command}\s", out, re.M), out
 
 
 def test_no_command_or_an_unknown_one_is_one_line_and_exit_2(capsys):
     assert cli.main([]) == 2 and "usage: scache COMMAND" in capsys.readouterr().err
     assert cli.main(["bogus"]) == 2
-    assert capsys.readouterr().err.strip() == \
-        "scache: unknown command 'bogus'; choose from demo, serve, replay, test, autotune, seed, settings, judge-train"
+    assert capsys.readouterr().err.strip() == (
+        "scache: unknown command 'bogus'; choose from demo, serve, replay, test, autotune, seed, settings, judge-train, "
+        "judge-eval")
 
 
 def test_a_command_runs_its_modules_main_with_the_arguments(monkeypatch):

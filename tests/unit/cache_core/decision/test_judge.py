@@ -198,7 +198,7 @@ def test_max_pairs_trains_on_a_seeded_sample(tmp_path, monkeypatch):
         seen.append(own)
         raise Trained
 
-    monkeypatch.setattr(judge_train, "_encoders", lambda settings: (None, None))
+    monkeypatch.setattr(judge_train, "training_encoders", lambda settings: (None, None))
     monkeypatch.setattr(judge_train, "train", record)
     for _ in range(2):
         with pytest.raises(Trained):
