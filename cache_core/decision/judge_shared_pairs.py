@@ -77,6 +77,16 @@ def _sample(rows: list, limit: int | None, seed: int = 0) -> list:
     return [rows[i] for i in keep]
 
 
+HUMAN_PAIRS = {"mrpc": (_mrpc, "mrpc/msr_paraphrase_{split}.txt"), "stsb": (_stsb, "stsb/sts-{split}.csv")}
+"""The sets whose pairs come labelled by people, as given: no encoder needed to build them."""
+
+
+def human_pairs(data: Path, source: str) -> dict[str, list[tuple[str, str, int, str]]]:
+    """``source``'s ("mrpc" or "stsb") train and test rows as (cached, query, label, source)."""
+    read, file = HUMAN_PAIRS[source]
+    return {f"{source}-{split}": read(Path(data) / file.format(split=split), source) for split in ("train", "test")}
+
+
 def load_pairs(data: Path, encode, max_per_split: int | None = None) -> dict[str, list[tuple[str, str, int, str]]]:
     """split name -> rows (at most ``max_per_split`` each, a seeded sample); ``encode(texts) -> unit vectors``."""
     data = Path(data)
@@ -84,12 +94,7 @@ def load_pairs(data: Path, encode, max_per_split: int | None = None) -> dict[str
                    "gptcache-mock/mock_data.json"):
         if not (data / needed).is_file():
             raise SharedDataError(f"{data}: missing {needed} (expected the shared data folder)")
-    out = {
-        "mrpc-train": _mrpc(data / "mrpc" / "msr_paraphrase_train.txt", "mrpc"),
-        "mrpc-test": _mrpc(data / "mrpc" / "msr_paraphrase_test.txt", "mrpc"),
-        "stsb-train": _stsb(data / "stsb" / "sts-train.csv", "stsb"),
-        "stsb-test": _stsb(data / "stsb" / "sts-test.csv", "stsb"),
-    }
+    out = human_pairs(data, "mrpc") | human_pairs(data, "stsb")
     for split in ("train", "test"):
         with (data / "banking77" / f"{split}.csv").open() as f:
             rows = _sample(list(csv.DictReader(f)), None if max_per_split is None else max_per_split // 2)

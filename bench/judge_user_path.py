@@ -1,0 +1,148 @@
+"""The judge the way a user gets it: the product's own commands on files, timed whole.
+
+    python -m bench.judge_user_path [--sets mrpc stsb] [--own-pairs 3000] [--public]
+
+For each public set with a train and a test split (MRPC, STS-B), the train split is written as a
+user's export would be (Quora's columns: ``question1, question2, is_duplicate``) and the test split
+likewise; then, as separate processes, exactly what README tells a user to run:
+
+* ``judge-train --pairs train.csv --max-pairs N`` (a judge on the user's own labels only);
+* with ``--public``, once: ``judge-train --shared-data ../shared/data`` (the public sets alone;
+  it has seen the other split of each set, so this is not the never-seen-kind case:
+  bench.judge_unseen_kind measures that);
+* ``judge-eval --pairs test.csv --version ...`` on the test split, which no judge trained on.
+
+Prints and records, per set and target, what each judge's arm would serve (share of the
+duplicates, wrong share of hits) beside the best cosine threshold on the same test pairs, and
+each command's wall time. Judges and files live under $SCACHE_HOME/bench/user-path, not in the
+cache's judge directory. Writes bench/results/judge_user_path.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cache_core.decision.judge_shared_pairs import human_pairs
+from cache_core.runtime import scache_home
+from infra.runtime import REPO_ROOT, shared_data_dir
+
+log = logging.getLogger("bench.judge_user_path")
+RESULTS = REPO_ROOT / "bench" / "results"
+SETS = ("mrpc", "stsb")  # the sets with a human-labelled test split of pairs
+
+
+def write_quora_style(rows, path: Path) -> None:
+    """(cached, query, label, source) rows as a Quora export's columns."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "question1", "question2", "is_duplicate"])
+        out.writerows((i, cached, query, label) for i, (cached, query, label, _) in enumerate(rows))
+
+
+def run(module: str, args: list[str]) -> float:
+    """Run ``python -m module args`` as a user would; its wall time in seconds."""
+    started = time.monotonic()
+    log.info("python -m %s %s", module, " ".join(args))
+    subprocess.run([sys.executable, "-m", module, *args], check=True, cwd=REPO_ROOT)
+    return round(time.monotonic() - started, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.judge_user_path", description=__doc__.splitlines()[0])
+    p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    p.add_argument("--own-pairs", type=int, default=3000, help="judge-train --max-pairs for the user's file")
+    p.add_argument("--public", action="store_true", help="also train and check a judge on the public sets alone")
+    args = p.parse_args(argv)
+    if args.own_pairs < 50:
+        p.error(f"--own-pairs must be at least 50, got {args.own_pairs}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    work = scache_home() / "bench" / "user-path"
+    judges = work / "judges"
+    work.mkdir(parents=True, exist_ok=True)
+    pairs = {split: rows for name in args.sets for split, rows in human_pairs(shared_data_dir(), name).items()}
+    out = {"own_pairs": args.own_pairs, "sets": {}}
+    public_s = None
+    if args.public:
+        public_s = run("cache_core.decision.judge_train", ["--shared-data", str(shared_data_dir()),
+                                                           "--version", "userpath-public", "--out", str(judges)])
+        out["public_train_s"] = public_s
+    for name in args.sets:
+        train_csv, test_csv = work / f"{name}-train.csv", work / f"{name}-test.csv"
+        write_quora_style(pairs[f"{name}-train"], train_csv)
+        write_quora_style(pairs[f"{name}-test"], test_csv)
+        own = f"userpath-{name}"
+        train_s = run("cache_core.decision.judge_train", ["--pairs", str(train_csv), "--max-pairs", str(args.own_pairs),
+                                                          "--version", own, "--out", str(judges)])
+        versions = [own] + (["userpath-public"] if args.public else [])
+        report = work / f"{name}-eval.json"
+        eval_s = run("cache_core.decision.judge_eval", ["--pairs", str(test_csv), "--dir", str(judges),
+                                                        "--report", str(report),
+                                                        *[a for v in versions for a in ("--version", v)]])
+        out["sets"][name] = json.loads(report.read_text()) | {"train_s": train_s, "eval_s": eval_s,
+                                                              "own_version": own}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "judge_user_path.json").write_text(json.dumps(out, indent=1))
+    table = markdown(out)
+    (RESULTS / "judge_user_path.md").write_text(table)
+    plot(out, RESULTS / "judge_user_path.png")
+    print(table)
+    return 0
+
+
+def markdown(out: dict) -> str:
+    lines = ["# The judge through the product's commands (judge-train, judge-eval)", "",
+             f"Own labels: a seeded sample of {out['own_pairs']} pairs of the set's train split (Quora's columns); "
+             "checked on its test split. Cells: share of the duplicates served (wrong share of hits) at the cut a "
+             "judged arm serves at, floor 0.60; cosine: the best threshold on the same test pairs (an oracle).", "",
+             "| set | target | own labels | public sets alone | cosine, best cut |", "|---|---|---|---|---|"]
+    for name, res in out["sets"].items():
+        for key, cos in res["cosine_oracle"].items():
+            cells = []
+            for version in (res["own_version"], "userpath-public"):
+                row = res["judges"].get(version, {}).get(key)
+                if row is None:
+                    cells.append("-")
+                    continue
+                wrong = "no hit" if row["wrong_share"] is None else f"{row['wrong_share']:.1%}"
+                cells.append(f"{row['served']:.1%} ({wrong})")
+            lines.append(f"| {name} ({res['duplicates']} dup / {res['rows']}) | {float(key):.0%} | "
+                         f"{cells[0]} | {cells[1]} | {cos:.1%} |")
+    lines += ["", "Wall time: " + "; ".join(f"{name}: judge-train {res['train_s']} s, judge-eval {res['eval_s']} s"
+                                             for name, res in out["sets"].items())
+              + (f"; judge-train --shared-data {out['public_train_s']} s" if "public_train_s" in out else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(out["sets"]), figsize=(5 * len(out["sets"]), 4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], out["sets"].items()):
+        keys = list(res["cosine_oracle"])
+        x = range(len(keys))
+        bars = {"own labels": [res["judges"][res["own_version"]][k]["served"] for k in keys],
+                "cosine, best cut": [res["cosine_oracle"][k] for k in keys]}
+        if "userpath-public" in res["judges"]:
+            bars["public sets alone"] = [res["judges"]["userpath-public"][k]["served"] for k in keys]
+        width = 0.8 / len(bars)
+        for i, (label, values) in enumerate(bars.items()):
+            ax.bar([j + i * width for j in x], [v * 100 for v in values], width, label=label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in x], [f"{float(k):.0%} wrong" for k in keys])
+        ax.set(ylabel="true duplicates served (%)", title=f"{name}: test pairs no judge trained on")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
