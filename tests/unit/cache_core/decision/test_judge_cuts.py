@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache_core.decision.judge_cuts import (NOTHING, cut_serving, left_out_kind_point, served_share,
-                                            strictest_over_sources, unseen_kind_cuts)
+from cache_core.decision.judge_cuts import (NOTHING, best_cut_served, cut_serving, left_out_kind_point,
+                                            served_share, strictest_over_sources, unseen_kind_cuts)
+from cache_core.decision.judge_shared_pairs import human_pairs
+from infra.runtime import shared_data_dir
 
 
 def test_cut_serving_serves_at_most_the_share_and_nothing_below_one_duplicate():
@@ -60,3 +62,21 @@ def test_a_tighter_target_is_never_cut_below_a_looser_one():
     cuts = unseen_kind_cuts({"0.02": 0.6, "0.05": 0.5, "0.10": 0.4}, prob, y, left_out)
     assert cuts["0.05"] == cut_serving(prob, y, 0.1) and cuts["0.10"] == cut_serving(prob, y, 0.3)
     assert cuts["0.02"] == cuts["0.05"] > 0.6  # no kind held 2%: it takes the 5% cut, not its own looser one
+
+
+def test_the_best_cut_counts_duplicates_a_floor_keeps_out_as_missed():
+    score = np.array([0.99, 0.95, 0.90, 0.80, 0.70])
+    y = np.array([1, 0, 1, 1, 1])
+    assert best_cut_served(score, y, 0.05) == 0.25  # only 0.99: the next cut serves a wrong one
+    assert best_cut_served(score, y, 0.25) == 1.0  # everything, 1 wrong of 5 hits
+    floor = score >= 0.85
+    assert best_cut_served(score, y, 0.40, floor) == 0.5  # two of the four duplicates are above the floor
+    assert best_cut_served(score, y, 0.40, np.zeros(5, dtype=bool)) == 0.0
+
+
+def test_the_human_labelled_sets_read_as_given_without_an_encoder():
+    mrpc, stsb = human_pairs(shared_data_dir(), "mrpc"), human_pairs(shared_data_dir(), "stsb")
+    assert {k: len(v) for k, v in mrpc.items()} == {"mrpc-train": 4075, "mrpc-test": 1724}
+    assert sum(row[2] for row in mrpc["mrpc-test"]) == 1146
+    assert {k: len(v) for k, v in stsb.items()} == {"stsb-train": 3770, "stsb-test": 954}
+    assert all(row[3] == "stsb" and row[2] in (0, 1) for row in stsb["stsb-test"])
