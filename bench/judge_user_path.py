@@ -67,11 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     pairs = {split: rows for name in args.sets for split, rows in human_pairs(shared_data_dir(), name).items()}
     out = {"own_pairs": args.own_pairs, "sets": {}}
-    public_s = None
     if args.public:
-        public_s = run("cache_core.decision.judge_train", ["--shared-data", str(shared_data_dir()),
-                                                           "--version", "userpath-public", "--out", str(judges)])
-        out["public_train_s"] = public_s
+        out["public_train_s"] = run("cache_core.decision.judge_train", ["--shared-data", str(shared_data_dir()),
+                                                                        "--version", "userpath-public",
+                                                                        "--out", str(judges)])
     for name in args.sets:
         train_csv, test_csv = work / f"{name}-train.csv", work / f"{name}-test.csv"
         write_quora_style(pairs[f"{name}-train"], train_csv)
@@ -109,8 +108,8 @@ def markdown(out: dict) -> str:
                 if row is None:
                     cells.append("-")
                     continue
-                wrong = "no hit" if row["wrong_share"] is None else f"{row['wrong_share']:.1%}"
-                cells.append(f"{row['served']:.1%} ({wrong})")
+                wrong = "no hit" if row["false_hit"] is None else f"{row['false_hit']:.1%}"
+                cells.append(f"{row['recall']:.1%} ({wrong})")
             lines.append(f"| {name} ({res['duplicates']} dup / {res['rows']}) | {float(key):.0%} | "
                          f"{cells[0]} | {cells[1]} | {cos:.1%} |")
     lines += ["", "Wall time: " + "; ".join(f"{name}: judge-train {res['train_s']} s, judge-eval {res['eval_s']} s"
@@ -129,10 +128,10 @@ def plot(out: dict, path: Path) -> None:
     for ax, (name, res) in zip(axes[0], out["sets"].items()):
         keys = list(res["cosine_oracle"])
         x = range(len(keys))
-        bars = {"own labels": [res["judges"][res["own_version"]][k]["served"] for k in keys],
+        bars = {"own labels": [res["judges"][res["own_version"]][k]["recall"] for k in keys],
                 "cosine, best cut": [res["cosine_oracle"][k] for k in keys]}
         if "userpath-public" in res["judges"]:
-            bars["public sets alone"] = [res["judges"]["userpath-public"][k]["served"] for k in keys]
+            bars["public sets alone"] = [res["judges"]["userpath-public"][k]["recall"] for k in keys]
         width = 0.8 / len(bars)
         for i, (label, values) in enumerate(bars.items()):
             ax.bar([j + i * width for j in x], [v * 100 for v in values], width, label=label)

@@ -98,13 +98,15 @@ def served_share(prob: np.ndarray, y: np.ndarray, cut: float) -> float:
 
 
 def at_cuts(prob: np.ndarray, y: np.ndarray, cuts: dict[str, float]) -> dict[str, dict]:
-    """Per target, what its shipped cut serves on scored rows: the share of duplicates and the
-    wrong share of hits (None with no hit)."""
+    """Per target, what its shipped cut serves on scored rows: the share of duplicates, the
+    wrong share of hits (None with no hit), and the hits and wrong hits counted."""
     out = {}
     for key, cut in cuts.items():
         hit = prob >= cut
+        wrong = int((hit & (y == 0)).sum())
         out[key] = {"accept_at": float(cut), "recall": served_share(prob, y, cut),
-                    "false_hit": float((hit & (y == 0)).sum() / hit.sum()) if hit.any() else None}
+                    "false_hit": float(wrong / hit.sum()) if hit.any() else None, "hits": int(hit.sum()),
+                    "wrong": wrong}
     return out
 
 

@@ -22,12 +22,11 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cache_core.decision.judge_cuts import TARGETS, best_cut_served, curve
+from cache_core.decision.judge_cuts import TARGETS, at_cuts, best_cut_served, curve
 from cache_core.decision.judge_model import JudgeArtifact, JudgeLoadError, artifact_name
 from cache_core.decision.judge_pairs_file import PairsError, read_pairs_file
 
@@ -38,35 +37,14 @@ DEFAULT_FLOOR = 0.60
 MIN_PLOTTED_HITS = 20
 
 
-@dataclass(frozen=True)
-class AtCut:
-    """What one cut serves on the pairs."""
-
-    served: float
-    """Share of the true duplicates served."""
-    hits: int
-    wrong: int
-
-    @property
-    def wrong_share(self) -> float | None:
-        return self.wrong / self.hits if self.hits else None
-
-
-def at_cut(served: np.ndarray, y: np.ndarray) -> AtCut:
-    return AtCut(served=float((served & (y == 1)).sum() / max(int(y.sum()), 1)), hits=int(served.sum()),
-                 wrong=int((served & (y == 0)).sum()))
-
-
 def evaluate(artifact: JudgeArtifact, X: np.ndarray, y: np.ndarray, floor: float) -> dict:
-    """Per target: the judge at the cut its arm serves at, and its own ranking's oracle cut, above ``floor``."""
+    """Per target (``judge_cuts.at_cuts``): what the cut its arm serves at serves above ``floor``,
+    and ``oracle_recall``, the judge's own ranking at the best cut there."""
     prob, above_floor = artifact.probabilities(X), X[:, 0] >= floor
-    out = {}
-    for target in TARGETS:
-        cut = artifact.accept_at(target)
-        shipped = at_cut(above_floor & (prob >= cut), y)
-        out[f"{target:.2f}"] = {"accept_at": cut, "served": shipped.served, "hits": shipped.hits,
-                                "wrong": shipped.wrong, "wrong_share": shipped.wrong_share,
-                                "oracle_served": best_cut_served(prob, y, target, above_floor)}
+    judged = np.where(above_floor, prob, -np.inf)  # below the floor a candidate is never judged
+    out = at_cuts(judged, y, {f"{t:.2f}": artifact.accept_at(t) for t in TARGETS})
+    for key, row in out.items():
+        row["oracle_recall"] = best_cut_served(prob, y, float(key), above_floor)
     return out
 
 
@@ -84,8 +62,8 @@ def table(results: dict[str, dict], cosine: dict, y: np.ndarray, floor: float) -
     for key in cosine:
         cells = []
         for row in (r[key] for r in results.values()):
-            wrong = "no hit" if row["wrong_share"] is None else f"{row['wrong_share']:.1%} wrong"
-            cells += [f"{row['served']:.1%} ({row['hits']} hits, {wrong})", f"{row['oracle_served']:.1%}"]
+            wrong = "no hit" if row["false_hit"] is None else f"{row['false_hit']:.1%} wrong"
+            cells += [f"{row['recall']:.1%} ({row['hits']} hits, {wrong})", f"{row['oracle_recall']:.1%}"]
         lines.append(f"| {float(key):.0%} | " + " | ".join(cells) + f" | {cosine[key]:.1%} |")
     return lines
 
@@ -110,7 +88,7 @@ def plot(artifacts: dict[str, JudgeArtifact], X: np.ndarray, y: np.ndarray, resu
         settled = c["right"] + c["wrong"] >= MIN_PLOTTED_HITS  # the first few hits swing the share from 0 to 100%
         ax.plot(c["false_hit"][settled] * 100, c["recall"][settled] * scale * 100, color=f"C{i}", label=name)
     for i, row in enumerate(results.values()):
-        pts = [(r["wrong_share"] * 100, r["served"] * 100) for r in row.values() if r["wrong_share"] is not None]
+        pts = [(r["false_hit"] * 100, r["recall"] * 100) for r in row.values() if r["false_hit"] is not None]
         if pts:
             ax.scatter(*zip(*pts), color=f"C{i}", zorder=3)
     ax.set(xlim=(0, 30), xlabel="wrong share of hits (%)", ylabel="true duplicates served (%)",
@@ -136,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cache_core.decision.judge_train import feature_store_for, featurise, training_encoders
+    from cache_core.decision.judge_train import feature_store_for, features_of, training_encoders
     from cache_core.settings import get_settings
 
     args = _parser().parse_args(argv)
@@ -155,10 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except (JudgeLoadError, PairsError, ValueError, OSError) as exc:
         print(f"judge_eval: {exc}", file=sys.stderr)
         return 2
-    encode, tokens = training_encoders(settings)
-    store = feature_store_for(settings)
-    compute = lambda rows: featurise(list(rows), encode, tokens)  # noqa: E731
-    X = store.features(pairs, compute) if store else compute(pairs)
+    X = features_of(pairs, *training_encoders(settings), feature_store_for(settings))
     y = np.array([p[2] for p in pairs], dtype=int)
     results = {v: evaluate(a, X, y, args.floor) for v, a in artifacts.items()}
     cosine = cosine_oracle(X, y)

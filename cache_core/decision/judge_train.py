@@ -89,6 +89,12 @@ def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 
     return np.asarray(out, dtype=np.float64)
 
 
+def features_of(pairs: Sequence[Pair], encode, tokens: TokenEncoder, store: FeatureStore | None) -> np.ndarray:
+    """``featurise(pairs)``, or the matrix ``store`` kept from an earlier run on the same pairs."""
+    compute = lambda rows: featurise(list(rows), encode, tokens)  # noqa: E731
+    return store.features(pairs, compute) if store else compute(pairs)
+
+
 def _progress(done: int, total: int, took: float) -> str:
     """A progress line's "12 s, ~3 min to go"; past a quarter of an hour in all, how to sample."""
     left = took * (total - done) / done
@@ -157,11 +163,7 @@ def train(own: Sequence[Pair], extra: Sequence[Pair], encode, tokens: TokenEncod
     ``extra``, cut by ``shared_cut`` when ``extra_sources`` names each row's source). ``store``
     keeps each feature matrix for the next run."""
     started = time.monotonic()
-
-    def features(pairs: Sequence[Pair]) -> np.ndarray:
-        compute = lambda rows: featurise(list(rows), encode, tokens)  # noqa: E731
-        return store.features(pairs, compute) if store else compute(pairs)
-
+    features = lambda pairs: features_of(pairs, encode, tokens, store)  # noqa: E731
     extra_y = np.array([p[2] for p in extra], dtype=int)
     X_extra = features(extra) if extra else np.empty((0, len(FEATURE_NAMES)))
     if own:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cache_core.decision import judge_eval, judge_train
-from cache_core.decision.judge_eval import at_cut, cosine_oracle, evaluate, main as eval_main
+from cache_core.decision.judge_eval import cosine_oracle, evaluate, main as eval_main
 from cache_core.decision.judge_train import featurise, train
 from tests.unit.cache_core.decision.test_judge import fake_encode, fake_tokens, labelled_pairs
 
@@ -31,15 +31,16 @@ def test_a_judged_arm_serves_what_reaches_both_its_floor_and_its_cut(trained):
     _, artifact = trained
     pairs = labelled_pairs(300, seed=9)  # never trained on
     X, y = featurise(pairs, fake_encode, fake_tokens), np.array([p[2] for p in pairs])
-    prob = artifact.probabilities(X)
-    result = evaluate(artifact, X, y, floor=0.0)
+    prob, floor = artifact.probabilities(X), float(np.median(X[:, 0]))
+    result = evaluate(artifact, X, y, floor)
     for key, row in result.items():
-        expected = at_cut((X[:, 0] >= 0.0) & (prob >= artifact.accept_at(float(key))), y)
-        assert (row["served"], row["hits"], row["wrong"]) == (expected.served, expected.hits, expected.wrong)
-        assert row["served"] <= row["oracle_served"] + 1e-12 or row["wrong_share"] > float(key)
-    assert result["0.10"]["served"] > 0.5  # the toy pairs are separable by the word that differs
+        served = (X[:, 0] >= floor) & (prob >= artifact.accept_at(float(key)))
+        assert row["hits"] == served.sum() and row["wrong"] == (served & (y == 0)).sum()
+        assert row["recall"] == pytest.approx((served & (y == 1)).sum() / y.sum())
+        assert row["recall"] <= row["oracle_recall"] + 1e-12 or row["false_hit"] > float(key)
+    assert evaluate(artifact, X, y, 0.0)["0.10"]["recall"] > 0.5  # separable by the word that differs
     nothing = evaluate(artifact, X, y, floor=1.01)
-    assert all(r["hits"] == 0 and r["oracle_served"] == 0.0 for r in nothing.values())
+    assert all(r["hits"] == 0 and r["oracle_recall"] == 0.0 for r in nothing.values())
 
 
 def test_the_cosine_oracle_is_the_best_threshold_on_these_pairs():
