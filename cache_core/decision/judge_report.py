@@ -1,5 +1,6 @@
 """A trained judge's report: its AUC and calibration on the rows its cut rests on, and a PNG of
-its operating points beside cosine's (``judge_train`` writes it beside the artifact)."""
+its operating points beside cosine's (``judge_train`` writes it beside the artifact), and the lines
+``judge-train`` prints about it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,3 +54,24 @@ def plot_report(artifact: JudgeArtifact, prob: np.ndarray | None, path: Path) ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def summary_lines(artifact: JudgeArtifact) -> list[str]:
+    """Per target, the shipped cut and what it serves on the held-out rows, beside the cut those rows
+    alone would give and cosine's best there (they differ when the cut allows for other kinds)."""
+    pts, cos = artifact.report["operating_points"], artifact.report["cosine_operating_points"]
+    shipped = artifact.report.get("shipped_operating_points", {})
+    lines = []
+    for key in pts:
+        line = f"  at <= {float(key):.0%} wrong: accept_at {artifact.operating_points[key]:.3f}"
+        if key in shipped:
+            wrong = shipped[key]["false_hit"]
+            line += (f", serving {shipped[key]['recall']:.1%} of the held-out duplicates"
+                     f" ({'no hit' if wrong is None else f'{wrong:.1%} of hits wrong'})")
+        if key not in shipped or abs(pts[key]["accept_at"] - artifact.operating_points[key]) > 1e-9:
+            line += f"; at the held-out rows' own cut {pts[key]['accept_at']:.3f}: {pts[key]['recall']:.1%}"
+        lines.append(f"{line}; cosine's best there {cos[key]['recall']:.1%}")
+    if "kind_left_out_points" in artifact.report:
+        lines.append("  trained on public sets only: the cuts allow for a kind of pair none of them shows, so they "
+                     "serve little; train with your own labels (--pairs FILE or --warehouse) to serve more")
+    return lines

@@ -49,7 +49,7 @@ from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
                                              artifact_name)
 from cache_core.decision.judge_pairs_file import Pair, PairsError, read_pairs_file
-from cache_core.decision.judge_report import auc, plot_report, reliability
+from cache_core.decision.judge_report import auc, plot_report, reliability, summary_lines
 from cache_core.decision.judge_verdicts import WarehouseUnavailable, training_pairs
 
 log = logging.getLogger("cache_core.decision.judge_train")
@@ -439,27 +439,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path} (cuts: {artifact.report.get('operating_points_rule', 'held-out')})")
     print("\n".join(summary_lines(artifact)))
     return 0
-
-
-def summary_lines(artifact: JudgeArtifact) -> list[str]:
-    """Per target, the shipped cut and what it serves on the held-out rows, beside the cut those rows
-    alone would give and cosine's best there (they differ when the cut allows for other kinds)."""
-    pts, cos = artifact.report["operating_points"], artifact.report["cosine_operating_points"]
-    shipped = artifact.report.get("shipped_operating_points", {})
-    lines = []
-    for key in pts:
-        line = f"  at <= {float(key):.0%} wrong: accept_at {artifact.operating_points[key]:.3f}"
-        if key in shipped:
-            wrong = shipped[key]["false_hit"]
-            line += (f", serving {shipped[key]['recall']:.1%} of the held-out duplicates"
-                     f" ({'no hit' if wrong is None else f'{wrong:.1%} of hits wrong'})")
-        if key not in shipped or abs(pts[key]["accept_at"] - artifact.operating_points[key]) > 1e-9:
-            line += f"; at the held-out rows' own cut {pts[key]['accept_at']:.3f}: {pts[key]['recall']:.1%}"
-        lines.append(f"{line}; cosine's best there {cos[key]['recall']:.1%}")
-    if "kind_left_out_points" in artifact.report:
-        lines.append("  trained on public sets only: the cuts allow for a kind of pair none of them shows, so they "
-                     "serve little; train with your own labels (--pairs FILE or --warehouse) to serve more")
-    return lines
 
 
 def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:

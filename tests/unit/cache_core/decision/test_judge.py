@@ -389,7 +389,7 @@ def test_the_summary_names_what_the_shipped_cut_serves_and_where_the_rows_alone_
     """judge-train's closing lines: each target's shipped cut with its served and wrong shares on the
     held-out rows; the held-out rows' own cut only where the shipped one differs; a hint to bring labels
     when trained on public sets alone."""
-    from cache_core.decision.judge_train import summary_lines
+    from cache_core.decision.judge_report import summary_lines
 
     noisy, sources = _public_sets()
     public = train([], noisy, fake_encode, fake_tokens, version="t4", encoder="fake", seed=0, extra_sources=sources)
