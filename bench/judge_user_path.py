@@ -6,7 +6,9 @@ For each public set with a train and a test split (MRPC, STS-B), the train split
 user's export would be (Quora's columns: ``question1, question2, is_duplicate``) and the test split
 likewise; then, as separate processes, exactly what README tells a user to run:
 
-* ``judge-train --pairs train.csv --max-pairs N`` (a judge on the user's own labels only);
+* ``judge-train --pairs train.csv --max-pairs N`` (a judge on the user's own labels only, reading
+  a copy of the encoder tuned on them, the default), and the same with ``--no-tuned-encoder`` (the
+  cache's encoder as it is), side by side;
 * with ``--public``, once: ``judge-train --shared-data ../shared/data`` (the public sets alone;
   it has seen the other split of each set, so this is not the never-seen-kind case:
   bench.judge_unseen_kind measures that);
@@ -75,16 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         train_csv, test_csv = work / f"{name}-train.csv", work / f"{name}-test.csv"
         write_quora_style(pairs[f"{name}-train"], train_csv)
         write_quora_style(pairs[f"{name}-test"], test_csv)
-        own = f"userpath-{name}"
-        train_s = run("cache_core.decision.judge_train", ["--pairs", str(train_csv), "--max-pairs", str(args.own_pairs),
-                                                          "--version", own, "--out", str(judges)])
-        versions = [own] + (["userpath-public"] if args.public else [])
+        own, untuned = f"userpath-{name}", f"userpath-{name}-cache-encoder"
+        own_args = ["--pairs", str(train_csv), "--max-pairs", str(args.own_pairs), "--out", str(judges)]
+        train_s = run("cache_core.decision.judge_train", [*own_args, "--version", own])
+        untuned_s = run("cache_core.decision.judge_train", [*own_args, "--version", untuned, "--no-tuned-encoder"])
+        versions = [own, untuned] + (["userpath-public"] if args.public else [])
         report = work / f"{name}-eval.json"
         eval_s = run("cache_core.decision.judge_eval", ["--pairs", str(test_csv), "--dir", str(judges),
                                                         "--report", str(report),
                                                         *[a for v in versions for a in ("--version", v)]])
-        out["sets"][name] = json.loads(report.read_text()) | {"train_s": train_s, "eval_s": eval_s,
-                                                              "own_version": own}
+        out["sets"][name] = json.loads(report.read_text()) | {"train_s": train_s, "untuned_train_s": untuned_s,
+                                                              "eval_s": eval_s, "own_version": own,
+                                                              "untuned_version": untuned}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "judge_user_path.json").write_text(json.dumps(out, indent=1))
     table = markdown(out)
@@ -99,11 +103,12 @@ def markdown(out: dict) -> str:
              f"Own labels: a seeded sample of {out['own_pairs']} pairs of the set's train split (Quora's columns); "
              "checked on its test split. Cells: share of the duplicates served (wrong share of hits) at the cut a "
              "judged arm serves at, floor 0.60; cosine: the best threshold on the same test pairs (an oracle).", "",
-             "| set | target | own labels | public sets alone | cosine, best cut |", "|---|---|---|---|---|"]
+             "| set | target | own labels, tuned encoder (default) | own labels, cache's encoder | public sets alone "
+             "| cosine, best cut |", "|---|---|---|---|---|---|"]
     for name, res in out["sets"].items():
         for key, cos in res["cosine_oracle"].items():
             cells = []
-            for version in (res["own_version"], "userpath-public"):
+            for version in (res["own_version"], res.get("untuned_version"), "userpath-public"):
                 row = res["judges"].get(version, {}).get(key)
                 if row is None:
                     cells.append("-")
@@ -111,8 +116,9 @@ def markdown(out: dict) -> str:
                 wrong = "no hit" if row["false_hit"] is None else f"{row['false_hit']:.1%}"
                 cells.append(f"{row['recall']:.1%} ({wrong})")
             lines.append(f"| {name} ({res['duplicates']} dup / {res['rows']}) | {float(key):.0%} | "
-                         f"{cells[0]} | {cells[1]} | {cos:.1%} |")
-    lines += ["", "Wall time: " + "; ".join(f"{name}: judge-train {res['train_s']} s, judge-eval {res['eval_s']} s"
+                         f"{cells[0]} | {cells[1]} | {cells[2]} | {cos:.1%} |")
+    lines += ["", "Wall time: " + "; ".join(f"{name}: judge-train {res['train_s']} s (cache's encoder "
+                                             f"{res.get('untuned_train_s', '-')} s), judge-eval {res['eval_s']} s"
                                              for name, res in out["sets"].items())
               + (f"; judge-train --shared-data {out['public_train_s']} s" if "public_train_s" in out else "") + "."]
     return "\n".join(lines) + "\n"
@@ -128,7 +134,8 @@ def plot(out: dict, path: Path) -> None:
     for ax, (name, res) in zip(axes[0], out["sets"].items()):
         keys = list(res["cosine_oracle"])
         x = range(len(keys))
-        bars = {"own labels": [res["judges"][res["own_version"]][k]["recall"] for k in keys],
+        bars = {"own labels, tuned encoder": [res["judges"][res["own_version"]][k]["recall"] for k in keys],
+                "own labels, cache's encoder": [res["judges"][res["untuned_version"]][k]["recall"] for k in keys],
                 "cosine, best cut": [res["cosine_oracle"][k] for k in keys]}
         if "userpath-public" in res["judges"]:
             bars["public sets alone"] = [res["judges"]["userpath-public"][k]["recall"] for k in keys]

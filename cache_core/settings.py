@@ -120,7 +120,8 @@ class CacheSettings(_Documented):
     dashboard shows each intent cluster's most frequent queries; the demo turns it on."""
     judge_dir: Path = Path.home() / ".cache" / "scache" / "judges"
     """Where replicas find judge artifacts (``judge-<version>.json``, written by
-    ``python -m cache_core.decision.judge_train``); an arm names its judge by version
+    ``python -m cache_core.decision.judge_train``, and beside it ``judge-<version>.encoder/`` when the
+    judge reads an encoder tuned on your pairs); an arm names its judge by version
     (ArmConfig.judge), so a new version reaches every replica with the config, no restart."""
     snapshot_dir: Path = Path.home() / ".cache" / "scache" / "snapshots"
     """Write-ahead log and snapshots, one directory per instance."""

@@ -68,9 +68,10 @@ def table(results: dict[str, dict], cosine: dict, y: np.ndarray, floor: float) -
     return lines
 
 
-def plot(artifacts: dict[str, JudgeArtifact], X: np.ndarray, y: np.ndarray, results: dict, floor: float,
-         path: Path) -> bool:
-    """Served share against wrong share of hits along every cut, each judge's shipped cuts marked."""
+def plot(artifacts: dict[str, JudgeArtifact], Xs: dict[str, np.ndarray], y: np.ndarray, results: dict,
+         floor: float, path: Path) -> bool:
+    """Served share against wrong share of hits along every cut, each judge's shipped cuts marked
+    (``Xs``: each version's feature matrix; column 0, the cache's cosine, is the same in all)."""
     try:
         import matplotlib
 
@@ -79,9 +80,10 @@ def plot(artifacts: dict[str, JudgeArtifact], X: np.ndarray, y: np.ndarray, resu
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    X = next(iter(Xs.values()))
     above = X[:, 0] >= floor
     share = y[above].sum() / max(y.sum(), 1)
-    lines = {f"judge {v}": (a.probabilities(X)[above], y[above], share) for v, a in artifacts.items()}
+    lines = {f"judge {v}": (a.probabilities(Xs[v])[above], y[above], share) for v, a in artifacts.items()}
     lines["cosine"] = (X[:, 0], y, 1.0)
     for i, (name, (score, labels, scale)) in enumerate(lines.items()):
         c = curve(score, labels)
@@ -113,8 +115,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def own_encoder_features(artifact: JudgeArtifact, directory: Path, pairs, encode) -> np.ndarray:
+    """The pairs' features as a judge with its own tuned encoder reads them (its token pass)."""
+    from cache_core.decision.judge_model import own_token_encoder
+    from cache_core.decision.judge_train import featurise
+
+    return featurise(pairs, encode, own_token_encoder(directory, artifact), encoder_cosine=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from cache_core.decision.judge_train import feature_store_for, features_of, training_encoders
+    from cache_core.decision.judge_feature_store import feature_store_for
+    from cache_core.decision.judge_tokens import training_encoders
+    from cache_core.decision.judge_train import features_of
     from cache_core.settings import get_settings
 
     args = _parser().parse_args(argv)
@@ -133,9 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     except (JudgeLoadError, PairsError, ValueError, OSError) as exc:
         print(f"judge_eval: {exc}", file=sys.stderr)
         return 2
-    X = features_of(pairs, *training_encoders(settings), feature_store_for(settings))
+    encode, tokens = training_encoders(settings)
+    X = features_of(pairs, encode, tokens, feature_store_for(settings))
+    try:
+        Xs = {v: own_encoder_features(a, directory, pairs, encode) if a.reads_tuned_encoder else X
+              for v, a in artifacts.items()}
+    except JudgeLoadError as exc:
+        print(f"judge_eval: {exc}", file=sys.stderr)
+        return 2
     y = np.array([p[2] for p in pairs], dtype=int)
-    results = {v: evaluate(a, X, y, args.floor) for v, a in artifacts.items()}
+    results = {v: evaluate(a, Xs[v], y, args.floor) for v, a in artifacts.items()}
     cosine = cosine_oracle(X, y)
     print("\n".join(table(results, cosine, y, args.floor)))
     if args.report:
@@ -143,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         args.report.write_text(json.dumps({"pairs": str(args.pairs), "rows": len(y), "duplicates": int(y.sum()),
                                            "floor": args.floor, "judges": results, "cosine_oracle": cosine},
                                           indent=1))
-        drawn = plot(artifacts, X, y, results, args.floor, args.report.with_suffix(".png"))
+        drawn = plot(artifacts, Xs, y, results, args.floor, args.report.with_suffix(".png"))
         print(f"wrote {args.report}" + (f" and {args.report.with_suffix('.png')}" if drawn else ""))
     return 0
 

@@ -98,3 +98,15 @@ class FeatureStore:
 
 def _feature_code_digest() -> str:
     return hashlib.sha256(inspect.getsource(judge_features).encode()).hexdigest()[:16]
+
+
+def feature_store_for(settings, disabled: bool = False) -> FeatureStore | None:
+    """The store training and evaluation share for the cache's encoder (None: ``disabled``)."""
+    from cache_core.runtime import scache_home
+
+    if disabled:
+        return None
+    from cache_core.embedding.onnx import ENCODING_VERSION
+
+    return FeatureStore(scache_home() / "judge-features",
+                        f"{settings.model}|{settings.encoder_backend}|encoding {ENCODING_VERSION}")

@@ -20,6 +20,7 @@ so the two cannot drift apart. ``FEATURE_NAMES`` is stored in every artifact and
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +32,9 @@ FEATURE_NAMES = (
     "length_ratio", "numbers_differ", "negation_differs", "question_word_differs",
 )
 """Feature order of the vectors ``pair_features`` returns (artifacts pin it)."""
+TUNED_FEATURE_NAMES = FEATURE_NAMES + ("judge_encoder_cosine",)
+"""A judge with its own encoder, fine-tuned on the user's pairs (``judge_encoder_tuning``): the
+same features over that encoder's token vectors, and its sentence cosine last."""
 
 STOP_WORDS = frozenset("""a an the of to in on for and or is are was were be been do does did i you he she it we they
 me my your our their this that these those what how why when where who which can could would should will shall may
@@ -46,16 +50,24 @@ _PIECE = re.compile(r"(##)?[a-z0-9]+")
 
 
 class TokenVectors:
-    """One text's contextual token vectors (unit length): all word pieces, and the content ones."""
+    """One text's contextual token vectors (unit length): all word pieces, and the content ones;
+    and its sentence vector (unit length; the encoder's mean pooling over the raw token vectors,
+    else the mean of the unit ones)."""
 
-    __slots__ = ("all", "content")
+    __slots__ = ("all", "content", "sentence")
 
-    def __init__(self, vectors: np.ndarray, pieces: list[str]):
+    def __init__(self, vectors: np.ndarray, pieces: list[str], sentence: np.ndarray | None = None):
+        pooled = vectors.mean(axis=0) if sentence is None else sentence
+        self.sentence = pooled / max(float(np.linalg.norm(pooled)), 1e-9)
         keep = [i for i, p in enumerate(pieces) if _PIECE.fullmatch(p)]
         content = [i for i in keep if p_word(pieces[i]) not in STOP_WORDS]
         base = vectors[keep] if keep else vectors
         self.all = base
         self.content = vectors[content] if content else base
+
+
+TokenEncoder = Callable[[Sequence[str]], list[TokenVectors]]
+"""Texts -> their contextual token vectors (``judge_tokens`` builds them from an encoder)."""
 
 
 def p_word(piece: str) -> str:
@@ -79,8 +91,9 @@ def _char3(text: str) -> set[str]:
 
 
 def pair_features(cached: str, query: str, cosine: float, cached_tokens: TokenVectors,
-                  query_tokens: TokenVectors) -> list[float]:
-    """The ``FEATURE_NAMES`` vector for one pair."""
+                  query_tokens: TokenVectors, *, encoder_cosine: bool = False) -> list[float]:
+    """The ``FEATURE_NAMES`` vector for one pair (``TUNED_FEATURE_NAMES`` with ``encoder_cosine``:
+    the token vectors' own sentence cosine appended)."""
     sims = cached_tokens.content @ query_tokens.content.T
     cached_best, query_best = sims.max(axis=1), sims.max(axis=0)
     both = np.sort(np.concatenate([cached_best, query_best]))
@@ -98,4 +111,4 @@ def pair_features(cached: str, query: str, cosine: float, cached_tokens: TokenVe
         float({w for w in wc if w.isdigit()} != {w for w in wq if w.isdigit()}),
         float(bool(wc & NEGATIONS) != bool(wq & NEGATIONS)),
         float((wc & QUESTION_WORDS) != (wq & QUESTION_WORDS)),
-    ]
+    ] + ([float(cached_tokens.sentence @ query_tokens.sentence)] if encoder_cosine else [])

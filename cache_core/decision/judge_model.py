@@ -7,7 +7,10 @@ HistGradientBoosting, exported node by node), the *cosine blend* (below), a mono
 (Platt) calibration map from the blended score to a probability, and the training report,
 including the *operating points*: the smallest probability whose hits stayed within 2%, 5%
 and 10% wrong on the held-out split. A digest of the content guards against a truncated or
-edited file. Version 1 files (no blend) still load.
+edited file. Version 1 files (no blend) still load. A judge trained with its own encoder (tuned
+on the user's pairs, ``judge_encoder_tuning``) names the ONNX export beside it and that export's
+digest; the replica runs its token pass on that export instead of the cache's, and a missing or
+altered export is a load error like a damaged file.
 
 Cosine blend: the trees' score and the cosine are each turned into a percentile of their
 training distribution and combined (``min``: a candidate must rank high on both; ``mean``).
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_core.decision.judge_features import FEATURE_NAMES, TokenVectors, pair_features
+from cache_core.decision.judge_features import FEATURE_NAMES, TUNED_FEATURE_NAMES, TokenEncoder, pair_features
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +179,13 @@ class JudgeArtifact:
     """Target false-hit rate (as "0.05") -> smallest probability that met it on held-out pairs."""
     report: dict
     blend: CosineBlend | None = None
+    tuned_encoder: dict | None = None
+    """With an encoder of its own (``judge_encoder_tuning``): ``{"dir": its export's directory
+    name beside the artifact, "sha256": the export's graph file digest}``."""
+
+    @property
+    def reads_tuned_encoder(self) -> bool:
+        return self.tuned_encoder is not None
 
     def scores(self, X: np.ndarray) -> np.ndarray:
         """The uncalibrated score: the trees' raw score, blended with the cosine (column 0)."""
@@ -201,6 +211,8 @@ class JudgeArtifact:
                 "calibration": {"x": self.calibration.x.tolist(), "y": self.calibration.y.tolist()},
                 "operating_points": self.operating_points, "report": self.report,
                 "blend": None if self.blend is None else self.blend.to_json()}
+        if self.tuned_encoder is not None:  # absent otherwise, so older artifacts' digests hold
+            body["tuned_encoder"] = dict(self.tuned_encoder)
         return body | {"sha256": _digest(body)}
 
     def save(self, directory: Path) -> Path:
@@ -225,13 +237,17 @@ class JudgeArtifact:
         stored = data.pop("sha256", None)
         if stored != _digest(data):
             raise JudgeLoadError(f"judge artifact {path}: content digest does not match (truncated or edited)")
-        if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
+        tuned = data.get("tuned_encoder")
+        names = TUNED_FEATURE_NAMES if tuned is not None else FEATURE_NAMES
+        if tuple(data.get("feature_names", ())) != names:
             raise JudgeLoadError(f"judge artifact {path} was trained on other features "
                                  f"({data.get('feature_names')}); retrain it with this version")
+        if tuned is not None:
+            _check_tuned_encoder(Path(path), tuned)
         try:
             cal = data["calibration"]
             return cls(version=str(data["version"]), encoder=str(data["encoder"]),
-                       feature_names=FEATURE_NAMES, trees=Trees.from_json(data["trees"]),
+                       feature_names=names, trees=Trees.from_json(data["trees"]), tuned_encoder=tuned,
                        calibration=Calibration(np.asarray(cal["x"], float), np.asarray(cal["y"], float)),
                        operating_points={str(k): float(v) for k, v in data["operating_points"].items()},
                        report=dict(data.get("report", {})),
@@ -240,6 +256,30 @@ class JudgeArtifact:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise JudgeLoadError(f"judge artifact {path} is incomplete: {exc!r}") from None
+
+
+def _check_tuned_encoder(path: Path, tuned) -> None:
+    """The artifact's own encoder export is beside it and is the one it was trained with."""
+    from cache_core.embedding.onnx import ONNX_FILE
+
+    if not isinstance(tuned, dict) or not isinstance(tuned.get("dir"), str) or "/" in tuned["dir"]:
+        raise JudgeLoadError(f"judge artifact {path}: tuned_encoder must name a directory beside it")
+    graph = path.parent / tuned["dir"] / ONNX_FILE
+    if not graph.is_file():
+        raise JudgeLoadError(f"judge artifact {path} reads its own encoder, but {graph} does not exist "
+                             f"(copy {tuned['dir']}/ beside the artifact)")
+    if graph_digest(graph) != tuned.get("sha256"):
+        raise JudgeLoadError(f"judge artifact {path}: {graph} is not the encoder it was trained with "
+                             "(digest differs)")
+
+
+def graph_digest(path: Path) -> str:
+    """sha256 of a file read in blocks (an encoder export's graph: ~90 MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def artifact_name(version: str) -> str:
@@ -252,8 +292,6 @@ def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-TokenEncoder = Callable[[Sequence[str]], list[TokenVectors]]
-"""Texts -> their contextual token vectors (``token_encoder`` builds one from an embedder)."""
 
 
 class LearnedJudge:
@@ -270,7 +308,8 @@ class LearnedJudge:
         if not cached_queries:
             return np.zeros(0)
         vectors = self._tokens([query, *cached_queries])
-        X = np.array([pair_features(cached, query, cos, vec, vectors[0])
+        tuned = self.artifact.reads_tuned_encoder
+        X = np.array([pair_features(cached, query, cos, vec, vectors[0], encoder_cosine=tuned)
                       for cached, cos, vec in zip(cached_queries, cosines, vectors[1:])])
         return self.artifact.probabilities(X)
 
@@ -293,6 +332,8 @@ class JudgeShelf:
         self._retry_s = retry_s
         self._clock = clock
         self._loaded: dict[str, JudgeArtifact] = {}
+        self._own_tokens: dict[str, TokenEncoder] = {}
+        """Versions with an encoder of their own: its token pass, loaded with the artifact."""
         self._failed: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
@@ -306,6 +347,8 @@ class JudgeShelf:
                 return None
             try:
                 artifact = JudgeArtifact.load(self.directory / artifact_name(version))
+                if artifact.reads_tuned_encoder:
+                    self._own_tokens[version] = own_token_encoder(self.directory, artifact)
             except (JudgeLoadError, ValueError) as exc:
                 if failed is None or failed[1] != str(exc):
                     log.error("judge unavailable", extra={"judge_version": version, "error": str(exc)})
@@ -318,8 +361,22 @@ class JudgeShelf:
 
     def judge(self, version: str, accept_at: float) -> LearnedJudge | None:
         artifact = self.artifact(version)
-        return None if artifact is None else LearnedJudge(artifact, self._tokens(), accept_at)
+        if artifact is None:
+            return None
+        tokens = self._own_tokens.get(version) or self._tokens()
+        return LearnedJudge(artifact, tokens, accept_at)
 
     def error(self, version: str) -> str | None:
         failed = self._failed.get(version)
         return None if failed is None else failed[1]
+
+
+def own_token_encoder(directory: Path, artifact: JudgeArtifact) -> TokenEncoder:
+    """The token pass of a judge's own encoder; ``JudgeLoadError`` when its export cannot run."""
+    from cache_core.decision.judge_tokens import export_token_encoder
+    from cache_core.embedding.embedder import EmbedderError
+
+    try:
+        return export_token_encoder(directory / artifact.tuned_encoder["dir"])
+    except (EmbedderError, OSError, ValueError, RuntimeError) as exc:
+        raise JudgeLoadError(f"judge {artifact.version}: its own encoder cannot run: {exc}") from None

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_core.decision.judge_features import TokenVectors
-from cache_core.decision.judge_model import TokenEncoder
+from cache_core.decision.judge_features import TokenEncoder, TokenVectors
 
 log = logging.getLogger(__name__)
 
 
+REMEMBERED_TEXTS = 50_000
+"""Distinct texts whose sentence vectors a training run keeps (~1.5 KB each at 384-d)."""
 CACHED_TEXTS = 8192
 """Token vectors kept per process (a short question's are ~15 x 384 floats: ~25 KB each)."""
 
@@ -81,12 +82,27 @@ def uncached_token_encoder(model: str, models_dir: Path | None = None) -> TokenE
     except EmbedderError as exc:
         log.info("judge token pass on torch", extra={"model": model, "why": str(exc)})
         return torch_token_encoder(model)
+    return onnx_token_encoder(onnx)
+
+
+def export_token_encoder(export_dir: Path) -> TokenEncoder:
+    """A caching ``TokenEncoder`` over the ONNX export in ``export_dir`` (a judge's own tuned
+    encoder, ``judge_encoder_tuning``); ``EmbedderError`` when it cannot run."""
+    from cache_core.embedding.onnx import OnnxEmbedder
+
+    onnx = OnnxEmbedder.from_dir(Path(export_dir), name=Path(export_dir).name, alone=False)
+    onnx.token_vectors(["probe"])
+    return TokenVectorCache(onnx_token_encoder(onnx))
+
+
+def onnx_token_encoder(onnx) -> TokenEncoder:
+    """Token vectors from an ``OnnxEmbedder``'s token output, one run at a time."""
     lock = threading.Lock()
 
     def encode(texts: Sequence[str]) -> list[TokenVectors]:
         with lock:  # one run at a time: ONNX Runtime already spreads one over the cores
             rows = onnx.token_vectors(list(texts))
-        return [TokenVectors(_unit_rows(vectors), pieces) for vectors, pieces in rows]
+        return [TokenVectors(_unit_rows(vectors), pieces, vectors.mean(axis=0)) for vectors, pieces in rows]
 
     return encode
 
@@ -99,7 +115,11 @@ def _unit_rows(e: np.ndarray) -> np.ndarray:
 def torch_token_encoder(model: str) -> TokenEncoder:
     from cache_core.embedding.embedder import load_unnormalised
 
-    st_model = load_unnormalised(model)
+    return sentence_transformer_token_encoder(load_unnormalised(model))
+
+
+def sentence_transformer_token_encoder(st_model) -> TokenEncoder:
+    """Token vectors from a loaded sentence-transformers model (training's tuned copies)."""
     tokenizer = st_model.tokenizer
     max_length = int(st_model.max_seq_length)
     lock = threading.Lock()
@@ -113,7 +133,21 @@ def torch_token_encoder(model: str) -> TokenEncoder:
         for text, emb in zip(texts, outputs):
             pieces = tokenizer.convert_ids_to_tokens(
                 tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
-            vectors.append(TokenVectors(_unit_rows(emb.float().numpy()[:len(pieces)]), pieces))
+            raw = emb.float().numpy()[:len(pieces)]
+            vectors.append(TokenVectors(_unit_rows(raw), pieces, raw.mean(axis=0)))
         return vectors
 
     return encode
+
+
+def training_encoders(settings):
+    """The cache's own sentence encoder, each distinct text encoded once (the shared sets repeat
+    banking77's questions: 25,538 texts in the default run, 17,738 distinct), and the token pass
+    (``token_encoder``, which remembers texts too). A second intra-op thread for the encoder saved
+    10 s of a 2 min run for 30 s more CPU: not taken, training may share the machine with a cache."""
+    from cache_core.embedding.cache import remembering
+    from cache_core.embedding.load import load_embedder
+
+    embedder = load_embedder(settings)
+    encode = remembering(embedder.encode_with_norms, REMEMBERED_TEXTS)
+    return encode, token_encoder(settings.model, settings.models_dir)

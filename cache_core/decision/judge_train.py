@@ -26,8 +26,10 @@ on: with a pairs file, every own pair, cross-fitted over ``--folds`` folds (so t
 points are measured in the user's own domain, on all of it); on public sets alone, a
 stratified ``--holdout`` split; a report (JSON, and a PNG when matplotlib is installed)
 beside the artifact.
-Deterministic for a given ``--seed``. Writes ``<out>/judge-<version>.json``, which every
-replica reads from its ``SCACHE_CACHE__JUDGE_DIR``.
+With enough own pairs (and torch), the features are read by a copy of the cache's encoder tuned
+on them (``judge_encoder_tuning``; ``--no-tuned-encoder`` keeps the cache's encoder as it is).
+Deterministic for a given ``--seed``. Writes ``<out>/judge-<version>.json`` (and its
+``judge-<version>.encoder/``), which every replica reads from its ``SCACHE_CACHE__JUDGE_DIR``.
 """
 from __future__ import annotations
 
@@ -44,12 +46,14 @@ import numpy as np
 
 from cache_core.decision.judge_cuts import (MIN_SOURCE_POSITIVES, at_cuts, by_source, left_out_kind_point,
                                             operating_points, strictest_over_sources, unseen_kind_cuts)
-from cache_core.decision.judge_feature_store import FeatureStore
-from cache_core.decision.judge_features import FEATURE_NAMES, pair_features
-from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, TokenEncoder, Trees,
+from cache_core.decision.judge_feature_store import FeatureStore, feature_store_for
+from cache_core.decision.judge_encoder_tuning import encoder_dir_name, enough_to_tune, tuned_features
+from cache_core.decision.judge_features import FEATURE_NAMES, TUNED_FEATURE_NAMES, TokenEncoder, pair_features
+from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, Trees,
                                              artifact_name)
 from cache_core.decision.judge_pairs_file import Pair, PairsError, read_pairs_file
 from cache_core.decision.judge_report import auc, plot_report, reliability, summary_lines
+from cache_core.decision.judge_tokens import training_encoders
 from cache_core.decision.judge_verdicts import WarehouseUnavailable, training_pairs
 
 log = logging.getLogger("cache_core.decision.judge_train")
@@ -66,15 +70,15 @@ DEFAULT_FOLDS = 5
 """Cross-fitting folds over the user's own pairs (``fit_with_own_labels``)."""
 MIN_FOLD_LABELS = 10
 """Each fold needs this many pairs of each label, else a plain holdout split is used."""
-REMEMBERED_TEXTS = 50_000
-"""Distinct texts whose sentence vectors a training run keeps (~1.5 KB each at 384-d)."""
 DEFAULT_SHARED_CUT = "unseen kind"
 """How a judge trained on public sets alone cuts: "unseen kind" (``unseen_kind_cut``: also hold
 the target on each set left out in turn) or "sources" (the strictest of the sets' own cuts)."""
 
 
-def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 256) -> np.ndarray:
-    """The feature matrix of ``pairs`` (``encode``: texts -> unit sentence vectors)."""
+def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 256, *,
+              encoder_cosine: bool = False) -> np.ndarray:
+    """The feature matrix of ``pairs`` (``encode``: texts -> unit sentence vectors; with
+    ``encoder_cosine``, ``tokens``' own sentence cosine as a last column)."""
     out = []
     started = time.monotonic()
     for start in range(0, len(pairs), batch):
@@ -82,7 +86,8 @@ def featurise(pairs: Sequence[Pair], encode, tokens: TokenEncoder, batch: int = 
         cached, query = [p[0] for p in chunk], [p[1] for p in chunk]
         cos = np.sum(encode(cached) * encode(query), axis=1)
         tc, tq = tokens(cached), tokens(query)
-        out.extend(pair_features(c, q, s, a, b) for c, q, s, a, b in zip(cached, query, cos, tc, tq))
+        out.extend(pair_features(c, q, s, a, b, encoder_cosine=encoder_cosine)
+                   for c, q, s, a, b in zip(cached, query, cos, tc, tq))
         if start // batch % 20 == 0:
             done = min(start + batch, len(pairs))
             log.info("features %d/%d (%s)", done, len(pairs), _progress(done, len(pairs), time.monotonic() - started))
@@ -155,23 +160,34 @@ def split(n: int, y: np.ndarray, share: float, seed: int) -> tuple[np.ndarray, n
 def train(own: Sequence[Pair], extra: Sequence[Pair], encode, tokens: TokenEncoder, *, version: str,
           encoder: str, seed: int = 0, holdout: float = 0.2, blend: str | None = DEFAULT_BLEND,
           extra_sources: Sequence[str] | None = None, folds: int = DEFAULT_FOLDS,
-          store: FeatureStore | None = None, shared_cut: str = DEFAULT_SHARED_CUT) -> JudgeArtifact:
+          store: FeatureStore | None = None, shared_cut: str = DEFAULT_SHARED_CUT,
+          tuned_encoder_dir: Path | None = None) -> JudgeArtifact:
     """A judge from ``own`` pairs (the user's domain) and ``extra`` ones (public sets).
 
     With own pairs: cross-fitted over ``folds`` folds of them (``fit_with_own_labels``; one
     fold or too few pairs: a ``holdout`` split). Without: ``fit_shared`` (trees on a split of
     ``extra``, cut by ``shared_cut`` when ``extra_sources`` names each row's source). ``store``
-    keeps each feature matrix for the next run."""
+    keeps each feature matrix for the next run. ``tuned_encoder_dir``: with enough own pairs,
+    the judge reads an encoder tuned on them, exported there (``judge_encoder_tuning``)."""
     started = time.monotonic()
     features = lambda pairs: features_of(pairs, encode, tokens, store)  # noqa: E731
     extra_y = np.array([p[2] for p in extra], dtype=int)
-    X_extra = features(extra) if extra else np.empty((0, len(FEATURE_NAMES)))
+    base_extra = lambda: features(extra) if extra else np.empty((0, len(FEATURE_NAMES)))  # noqa: E731
     if own:
         y_own = np.array([p[2] for p in own], dtype=int)
-        artifact = fit_with_own_labels(features(own), y_own, X_extra, extra_y,
+        tuned = None
+        if tuned_encoder_dir is not None and enough_to_tune(y_own):
+            X_own, X_extra, tuned = tuned_features(own, extra, encode, featurise, base_model=encoder, seed=seed,
+                                                   export_to=tuned_encoder_dir)
+        else:
+            X_own, X_extra = features(own), base_extra()
+        artifact = fit_with_own_labels(X_own, y_own, X_extra, extra_y,
                                        version=version, encoder=encoder, seed=seed, blend=blend, folds=folds,
                                        holdout=holdout)
+        if tuned is not None:
+            artifact = dataclasses.replace(artifact, feature_names=TUNED_FEATURE_NAMES, tuned_encoder=tuned)
     else:
+        X_extra = base_extra()
         artifact = fit_shared(X_extra, extra_y, None if extra_sources is None else np.asarray(extra_sources),
                               version=version, encoder=encoder, seed=seed, holdout=holdout, blend=blend,
                               shared_cut=shared_cut)
@@ -392,6 +408,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-cut", choices=("unseen-kind", "sources"), default=DEFAULT_SHARED_CUT.replace(" ", "-"),
                    help="on public sets alone: also hold each target on every set left out in turn (default: "
                         "%(default)s; see fit_shared), or only the strictest of the sets' own cuts (sources)")
+    p.add_argument("--no-tuned-encoder", action="store_true",
+                   help="with your own pairs, read the cache's encoder as it is instead of a copy tuned on them "
+                        "(default: tuned when each label has 200+ pairs and torch is installed; "
+                        "see judge_encoder_tuning)")
     p.add_argument("--no-feature-cache", action="store_true",
                    help="compute every pair's features afresh (default: reuse those of an earlier run on the "
                         "same pairs, kept under $SCACHE_HOME/judge-features)")
@@ -428,17 +448,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judge_train: {exc}", file=sys.stderr)
         return 2
     log.info("training judge %s on %d own + %d shared pairs", version, len(own), len(extra))
+    out = args.out or Path(settings.judge_dir)
     artifact = train(own, extra, encode, tokens, version=version, encoder=settings.model, seed=args.seed,
                      holdout=args.holdout, blend=None if args.blend == "none" else args.blend, folds=args.folds,
                      extra_sources=sources, store=feature_store_for(settings, args.no_feature_cache),
-                     shared_cut=args.shared_cut.replace("-", " "))
-    out = args.out or Path(settings.judge_dir)
+                     shared_cut=args.shared_cut.replace("-", " "),
+                     tuned_encoder_dir=_tuned_encoder_dir(out, version, args.no_tuned_encoder))
     path = artifact.save(out)
     (out / f"judge-{version}.report.json").write_text(json.dumps(artifact.report, indent=1))
     plot_report(artifact, None, out / f"judge-{version}.report.png")
     print(f"wrote {path} (cuts: {artifact.report.get('operating_points_rule', 'held-out')})")
     print("\n".join(summary_lines(artifact)))
     return 0
+
+
+def _tuned_encoder_dir(out: Path, version: str, disabled: bool) -> Path | None:
+    from cache_core.embedding.onnx import can_export
+
+    if disabled:
+        return None
+    if not can_export():
+        log.info("the judge reads the cache's encoder as it is: tuning a copy needs torch (pip install 'scache[export]')")
+        return None
+    return out / encoder_dir_name(version)
 
 
 def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
@@ -451,31 +483,6 @@ def _own_pairs(path: Path, max_pairs: int | None, seed: int) -> list[Pair]:
         if len({p[2] for p in pairs}) < 2:
             raise PairsError(f"{path}: a sample of {max_pairs} pairs holds one label only; raise --max-pairs")
     return pairs
-
-
-def feature_store_for(settings, disabled: bool = False) -> FeatureStore | None:
-    from cache_core.runtime import scache_home
-
-    if disabled:
-        return None
-    from cache_core.embedding.onnx import ENCODING_VERSION
-
-    return FeatureStore(scache_home() / "judge-features",
-                        f"{settings.model}|{settings.encoder_backend}|encoding {ENCODING_VERSION}")
-
-
-def training_encoders(settings):
-    """The cache's own sentence encoder, each distinct text encoded once (the shared sets repeat
-    banking77's questions: 25,538 texts in the default run, 17,738 distinct), and the token pass
-    (``judge_tokens``, which remembers texts too). A second intra-op thread for the encoder saved
-    10 s of a 2 min run for 30 s more CPU: not taken, training may share the machine with a cache."""
-    from cache_core.decision.judge_tokens import token_encoder
-    from cache_core.embedding.cache import remembering
-    from cache_core.embedding.load import load_embedder
-
-    embedder = load_embedder(settings)
-    encode = remembering(embedder.encode_with_norms, REMEMBERED_TEXTS)
-    return encode, token_encoder(settings.model, settings.models_dir)
 
 
 if __name__ == "__main__":

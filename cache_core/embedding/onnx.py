@@ -168,7 +168,7 @@ def ensure_onnx_export(model: str, quantized: bool = False, models_dir: Path | N
             if quantized:
                 report = _quantize(fp32, staging)
             else:
-                report = _export_fp32(model, staging)
+                report = export_fp32(model, staging)
             report["export_s"] = round(time.perf_counter() - started, 2)
             meta = {"key": export_key(model, quantized), "stat_key": _stat_key(model, quantized), "report": report}
             (staging / META_FILE).write_text(json.dumps(meta, indent=1))
@@ -221,7 +221,7 @@ class _Traceable:
         return Pooled().eval()
 
 
-def _export_fp32(model: str, staging: Path) -> dict:
+def export_fp32(model: str, staging: Path) -> dict:
     import torch
 
     st_model = load_unnormalised(model)

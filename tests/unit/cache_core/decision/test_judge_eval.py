@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from cache_core.decision import judge_eval, judge_train
+from cache_core.decision import judge_eval, judge_feature_store, judge_tokens
 from cache_core.decision.judge_eval import cosine_oracle, evaluate, main as eval_main
 from cache_core.decision.judge_train import featurise, train
 from tests.unit.cache_core.decision.test_judge import fake_encode, fake_tokens, labelled_pairs
@@ -22,8 +22,8 @@ def trained(tmp_path_factory):
 def fake_cache_encoder(monkeypatch):
     from cache_core.settings import get_settings
 
-    monkeypatch.setattr(judge_train, "training_encoders", lambda settings: (fake_encode, fake_tokens))
-    monkeypatch.setattr(judge_train, "feature_store_for", lambda settings, disabled=False: None)
+    monkeypatch.setattr(judge_tokens, "training_encoders", lambda settings: (fake_encode, fake_tokens))
+    monkeypatch.setattr(judge_feature_store, "feature_store_for", lambda settings, disabled=False: None)
     monkeypatch.setattr(get_settings().cache, "model", "fake")
 
 
@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_and_exit_2(trained, fake_cache_encoder, tmp_path,
 
 def test_a_judge_of_another_encoder_is_refused(trained, tmp_path, capsys, monkeypatch):
     directory, _ = trained
-    monkeypatch.setattr(judge_train, "training_encoders", lambda settings: pytest.fail("encoded anyway"))
+    monkeypatch.setattr(judge_tokens, "training_encoders", lambda settings: pytest.fail("encoded anyway"))
     (tmp_path / "p.csv").write_text("cached_query,query,label\na b,a c,1\nd e,f g,0\n")
     assert eval_main(["--pairs", str(tmp_path / "p.csv"), "--version", "e1", "--dir", str(directory)]) == 2
     assert "reads fake's vectors" in capsys.readouterr().err
