@@ -1,6 +1,6 @@
 """The judge the way a user gets it: the product's own commands on files, timed whole.
 
-    python -m bench.judge_user_path [--sets mrpc stsb] [--own-pairs 3000] [--public]
+    python -m bench.judge_user_path [--sets mrpc stsb] [--own-pairs 3000] [--public] [--seed 0]
 
 For each public set with a train and a test split (MRPC, STS-B), the train split is written as a
 user's export would be (Quora's columns: ``question1, question2, is_duplicate``) and the test split
@@ -16,8 +16,12 @@ likewise; then, as separate processes, exactly what README tells a user to run:
 
 Prints and records, per set and target, what each judge's arm would serve (share of the
 duplicates, wrong share of hits) beside the best cosine threshold on the same test pairs, and
-each command's wall time. Judges and files live under $SCACHE_HOME/bench/user-path, not in the
-cache's judge directory. Writes bench/results/judge_user_path.{json,md,png}.
+each command's wall time; and the judge's added time per lookup of the two own-label judges,
+loaded from their directory as a replica loads them (five candidates; cold: every candidate's
+token vectors computed; warm: candidates seen before, only the new question encoded), measured
+in alternating rounds so that the machine's load falls on both alike. Judges and files live
+under $SCACHE_HOME/bench/user-path, not in the cache's judge directory. Writes
+bench/results/judge_user_path.{json,md,png} (``-seed<N>`` for another seed).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from cache_core.decision.judge_shared_pairs import human_pairs
 from cache_core.runtime import scache_home
@@ -60,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     p.add_argument("--own-pairs", type=int, default=3000, help="judge-train --max-pairs for the user's file")
     p.add_argument("--public", action="store_true", help="also train and check a judge on the public sets alone")
+    p.add_argument("--seed", type=int, default=0,
+                   help="judge-train --seed (its sample of the file, folds, tuning); results of a seed other than 0 "
+                        "are written as judge_user_path-seed<N>.*")
     args = p.parse_args(argv)
     if args.own_pairs < 50:
         p.error(f"--own-pairs must be at least 50, got {args.own_pairs}")
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     judges = work / "judges"
     work.mkdir(parents=True, exist_ok=True)
     pairs = {split: rows for name in args.sets for split, rows in human_pairs(shared_data_dir(), name).items()}
-    out = {"own_pairs": args.own_pairs, "sets": {}}
+    out = {"own_pairs": args.own_pairs, "seed": args.seed, "sets": {}}
     if args.public:
         out["public_train_s"] = run("cache_core.decision.judge_train", ["--shared-data", str(shared_data_dir()),
                                                                         "--version", "userpath-public",
@@ -78,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         write_quora_style(pairs[f"{name}-train"], train_csv)
         write_quora_style(pairs[f"{name}-test"], test_csv)
         own, untuned = f"userpath-{name}", f"userpath-{name}-cache-encoder"
-        own_args = ["--pairs", str(train_csv), "--max-pairs", str(args.own_pairs), "--out", str(judges)]
+        own_args = ["--pairs", str(train_csv), "--max-pairs", str(args.own_pairs), "--out", str(judges),
+                    "--seed", str(args.seed)]
         train_s = run("cache_core.decision.judge_train", [*own_args, "--version", own])
         untuned_s = run("cache_core.decision.judge_train", [*own_args, "--version", untuned, "--no-tuned-encoder"])
         versions = [own, untuned] + (["userpath-public"] if args.public else [])
@@ -89,13 +99,45 @@ def main(argv: list[str] | None = None) -> int:
         out["sets"][name] = json.loads(report.read_text()) | {"train_s": train_s, "untuned_train_s": untuned_s,
                                                               "eval_s": eval_s, "own_version": own,
                                                               "untuned_version": untuned}
+        out["sets"][name]["latency_ms"] = latency(judges, [own, untuned],
+                                               [t for r in pairs[f"{name}-test"] for t in r[:2]])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "judge_user_path.json").write_text(json.dumps(out, indent=1))
+    stem = "judge_user_path" + (f"-seed{args.seed}" if args.seed else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     table = markdown(out)
-    (RESULTS / "judge_user_path.md").write_text(table)
-    plot(out, RESULTS / "judge_user_path.png")
+    (RESULTS / f"{stem}.md").write_text(table)
+    plot(out, RESULTS / f"{stem}.png")
     print(table)
     return 0
+
+
+def latency(judges: Path, versions: list[str], texts: list[str], rounds: int = 4, per_round: int = 30) -> dict:
+    """Per version, p50 / p99 ms of ``score_many`` with five candidates, cold (texts no lookup
+    used before) and warm (the same five candidates every time)."""
+    from cache_core.decision.judge_model import JudgeShelf
+    from cache_core.decision.judge_tokens import token_encoder
+    from cache_core.settings import CacheSettings
+
+    settings = CacheSettings()
+    shelf = JudgeShelf(judges, tokens=lambda: token_encoder(settings.model, settings.models_dir))
+    scorers = {v: shelf.judge(v, 0.5) for v in versions}
+    texts = list(dict.fromkeys(texts))
+    per_round = min(per_round, (len(texts) - 5) // (rounds * len(versions) * 7))
+    pool, fresh = texts[:5], iter(texts[5:])  # the warm candidates recur, as a popular entry's do
+    times = {(v, kind): [] for v in versions for kind in ("cold", "warm")}
+    for scorer in scorers.values():
+        scorer.score_many("warm-up", pool, [0.8] * 5)
+    for _ in range(rounds):
+        for version, scorer in scorers.items():
+            for _ in range(per_round):
+                for kind in ("cold", "warm"):
+                    query = next(fresh)
+                    candidates = [next(fresh) for _ in range(5)] if kind == "cold" else pool
+                    started = time.perf_counter()
+                    scorer.score_many(query, candidates, [0.8] * 5)
+                    times[(version, kind)].append((time.perf_counter() - started) * 1e3)
+    return {f"{v} {kind}": {"p50": round(float(np.percentile(t, 50)), 2), "p99": round(float(np.percentile(t, 99)), 2)}
+            for (v, kind), t in times.items()}
 
 
 def markdown(out: dict) -> str:
@@ -121,6 +163,9 @@ def markdown(out: dict) -> str:
                                              f"{res.get('untuned_train_s', '-')} s), judge-eval {res['eval_s']} s"
                                              for name, res in out["sets"].items())
               + (f"; judge-train --shared-data {out['public_train_s']} s" if "public_train_s" in out else "") + "."]
+    lines += ["", "Added time per lookup, five candidates, p50 / p99 ms (alternating rounds): " + "; ".join(
+        f"{name} {label}: {t['p50']} / {t['p99']}" for name, res in out["sets"].items()
+        for label, t in res.get("latency_ms", {}).items()) + "."]
     return "\n".join(lines) + "\n"
 
 
