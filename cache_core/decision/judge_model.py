@@ -224,8 +224,10 @@ class JudgeArtifact:
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "JudgeArtifact":
-        """Read and check an artifact; ``JudgeLoadError`` says what is wrong with it."""
+    def load(cls, path: Path, *, check_encoder: bool = True) -> "JudgeArtifact":
+        """Read and check an artifact; ``JudgeLoadError`` says what is wrong with it.
+        ``check_encoder=False``: a reader that only wants its cuts (the control panel, which may
+        run where the judge's own encoder export was not copied) skips that export's check."""
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
@@ -242,7 +244,7 @@ class JudgeArtifact:
         if tuple(data.get("feature_names", ())) != names:
             raise JudgeLoadError(f"judge artifact {path} was trained on other features "
                                  f"({data.get('feature_names')}); retrain it with this version")
-        if tuned is not None:
+        if tuned is not None and check_encoder:
             _check_tuned_encoder(Path(path), tuned)
         try:
             cal = data["calibration"]

@@ -74,7 +74,8 @@ def current_cut(judge: JudgeConfig, judge_dir: Path) -> tuple[float | None, str]
         return judge.accept_at, ""
     from cache_core.decision.judge_model import JudgeArtifact, JudgeLoadError, artifact_name
     try:
-        return JudgeArtifact.load(judge_dir / artifact_name(judge.version)).accept_at(judge.max_false_hit_rate), ""
+        artifact = JudgeArtifact.load(judge_dir / artifact_name(judge.version), check_encoder=False)
+        return artifact.accept_at(judge.max_false_hit_rate), ""
     except (JudgeLoadError, ValueError) as exc:
         return None, f"the cut for max_false_hit_rate {judge.max_false_hit_rate} is unknown here: {exc}"
 

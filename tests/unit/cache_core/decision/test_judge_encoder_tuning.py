@@ -122,3 +122,14 @@ def test_judge_eval_reads_pairs_through_the_judges_own_encoder(tuned):
     assert np.allclose(X[:, 0], [cos(a, b) for a, b, _ in pairs])  # the cache's cosine stays column 0
     result = evaluate(artifact, X, np.array([p[2] for p in pairs]), floor=0.0)
     assert set(result) == {"0.02", "0.05", "0.10"}
+
+
+def test_the_control_panel_reads_a_tuned_judges_cuts_without_its_encoder(tuned, tmp_path):
+    import shutil
+
+    from dashboard.control.tuning_judge import current_cut
+
+    directory, artifact = tuned
+    shutil.copy(directory / "judge-tt.json", tmp_path)  # the json alone, as a dashboard host may hold it
+    cut, why = current_cut(JudgeConfig(version="tt", max_false_hit_rate=0.05), tmp_path)
+    assert cut == artifact.accept_at(0.05) and why == ""
