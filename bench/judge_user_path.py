@@ -1,8 +1,9 @@
 """The judge the way a user gets it: the product's own commands on files, timed whole.
 
-    python -m bench.judge_user_path [--sets mrpc stsb] [--own-pairs 3000] [--public] [--seed 0]
+    python -m bench.judge_user_path [--sets mrpc stsb banking77] [--own-pairs 3000] [--public] [--seed 0]
 
-For each public set with a train and a test split (MRPC, STS-B), the train split is written as a
+For each public set with a train and a test split (MRPC, STS-B by default; banking77's questions
+paired with their nearest neighbours, its test split ~6,800 pairs), the train split is written as a
 user's export would be (Quora's columns: ``question1, question2, is_duplicate``) and the test split
 likewise; then, as separate processes, exactly what README tells a user to run:
 
@@ -21,7 +22,7 @@ loaded from their directory as a replica loads them (five candidates; cold: ever
 token vectors computed; warm: candidates seen before, only the new question encoded), measured
 in alternating rounds so that the machine's load falls on both alike. Judges and files live
 under $SCACHE_HOME/bench/user-path, not in the cache's judge directory. Writes
-bench/results/judge_user_path.{json,md,png} (``-seed<N>`` for another seed).
+bench/results/judge_user_path.{json,md,png} (``-<sets>`` for other sets, ``-seed<N>`` for another seed).
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ from infra.runtime import REPO_ROOT, shared_data_dir
 
 log = logging.getLogger("bench.judge_user_path")
 RESULTS = REPO_ROOT / "bench" / "results"
-SETS = ("mrpc", "stsb")  # the sets with a human-labelled test split of pairs
+SETS = ("mrpc", "stsb", "banking77")
+"""The sets with a test split of pairs: MRPC's and STS-B's human labels, and banking77's questions
+paired with their nearest neighbours (same intent: a duplicate), as judge_shared_pairs makes them."""
 
 
 def write_quora_style(rows, path: Path) -> None:
@@ -63,12 +66,12 @@ def run(module: str, args: list[str]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.judge_user_path", description=__doc__.splitlines()[0])
-    p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    p.add_argument("--sets", nargs="+", choices=SETS, default=["mrpc", "stsb"])
     p.add_argument("--own-pairs", type=int, default=3000, help="judge-train --max-pairs for the user's file")
     p.add_argument("--public", action="store_true", help="also train and check a judge on the public sets alone")
     p.add_argument("--seed", type=int, default=0,
                    help="judge-train --seed (its sample of the file, folds, tuning); results of a seed other than 0 "
-                        "are written as judge_user_path-seed<N>.*")
+                        "are written as judge_user_path[-<sets>]-seed<N>.*")
     args = p.parse_args(argv)
     if args.own_pairs < 50:
         p.error(f"--own-pairs must be at least 50, got {args.own_pairs}")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     work = scache_home() / "bench" / "user-path"
     judges = work / "judges"
     work.mkdir(parents=True, exist_ok=True)
-    pairs = {split: rows for name in args.sets for split, rows in human_pairs(shared_data_dir(), name).items()}
+    pairs = {split: rows for name in args.sets for split, rows in set_pairs(name).items()}
     out = {"own_pairs": args.own_pairs, "seed": args.seed, "sets": {}}
     if args.public:
         out["public_train_s"] = run("cache_core.decision.judge_train", ["--shared-data", str(shared_data_dir()),
@@ -102,13 +105,27 @@ def main(argv: list[str] | None = None) -> int:
         out["sets"][name]["latency_ms"] = latency(judges, [own, untuned],
                                                [t for r in pairs[f"{name}-test"] for t in r[:2]])
     RESULTS.mkdir(exist_ok=True)
-    stem = "judge_user_path" + (f"-seed{args.seed}" if args.seed else "")
+    default_sets = args.sets == p.get_default("sets")
+    stem = ("judge_user_path" + ("" if default_sets else "-" + "-".join(args.sets))
+            + (f"-seed{args.seed}" if args.seed else ""))
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     table = markdown(out)
     (RESULTS / f"{stem}.md").write_text(table)
     plot(out, RESULTS / f"{stem}.png")
     print(table)
     return 0
+
+
+def set_pairs(name: str) -> dict[str, list]:
+    """``name``'s train and test rows as (cached, query, label, source)."""
+    if name != "banking77":
+        return human_pairs(shared_data_dir(), name)
+    from cache_core.decision.judge_shared_pairs import load_pairs
+    from cache_core.embedding.load import load_embedder
+    from cache_core.settings import CacheSettings
+
+    made = load_pairs(shared_data_dir(), load_embedder(CacheSettings()).encode)
+    return {split: made[split] for split in ("banking77-train", "banking77-test")}
 
 
 def latency(judges: Path, versions: list[str], texts: list[str], rounds: int = 4, per_round: int = 30) -> dict:

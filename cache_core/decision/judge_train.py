@@ -468,7 +468,8 @@ def _tuned_encoder_dir(out: Path, version: str, disabled: bool) -> Path | None:
     if disabled:
         return None
     if not can_export():
-        log.info("the judge reads the cache's encoder as it is: tuning a copy needs torch (pip install 'scache[export]')")
+        log.info("the judge reads the cache's encoder as it is: tuning a copy needs torch "
+                 "(pip install 'scache[export]')")
         return None
     return out / encoder_dir_name(version)
 
