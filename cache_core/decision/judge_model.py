@@ -46,6 +46,8 @@ FORMATS = ("scache-judge/1", FORMAT)
 """Formats this version reads."""
 BLEND_KINDS = ("min", "mean")
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ENCODER_DIR_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A judge's own encoder export: a directory name beside the artifact, never a path (no "/", no "..")."""
 
 
 class JudgeLoadError(ValueError):
@@ -264,7 +266,7 @@ def _check_tuned_encoder(path: Path, tuned) -> None:
     """The artifact's own encoder export is beside it and is the one it was trained with."""
     from cache_core.embedding.onnx import ONNX_FILE
 
-    if not isinstance(tuned, dict) or not isinstance(tuned.get("dir"), str) or "/" in tuned["dir"]:
+    if not isinstance(tuned, dict) or not ENCODER_DIR_PATTERN.fullmatch(str(tuned.get("dir"))):
         raise JudgeLoadError(f"judge artifact {path}: tuned_encoder must name a directory beside it")
     graph = path.parent / tuned["dir"] / ONNX_FILE
     if not graph.is_file():
@@ -292,8 +294,6 @@ def artifact_name(version: str) -> str:
 
 def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 
 
 class LearnedJudge:

@@ -410,7 +410,7 @@ def _parser() -> argparse.ArgumentParser:
                         "%(default)s; see fit_shared), or only the strictest of the sets' own cuts (sources)")
     p.add_argument("--no-tuned-encoder", action="store_true",
                    help="with your own pairs, read the cache's encoder as it is instead of a copy tuned on them "
-                        "(default: tuned when each label has 200+ pairs and torch is installed; "
+                        "(default: tuned when each label has 300+ pairs and torch is installed; "
                         "see judge_encoder_tuning)")
     p.add_argument("--no-feature-cache", action="store_true",
                    help="compute every pair's features afresh (default: reuse those of an earlier run on the "
@@ -458,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"judge-{version}.report.json").write_text(json.dumps(artifact.report, indent=1))
     plot_report(artifact, None, out / f"judge-{version}.report.png")
     print(f"wrote {path} (cuts: {artifact.report.get('operating_points_rule', 'held-out')})")
+    if artifact.tuned_encoder is not None:
+        print(f"  reads its own encoder, tuned on {artifact.tuned_encoder['tuned_on_pairs']} of your pairs: "
+              f"{out / artifact.tuned_encoder['dir']}/ (replicas need it beside the artifact)")
     print("\n".join(summary_lines(artifact)))
     return 0
 

@@ -103,11 +103,12 @@ def test_an_altered_or_missing_encoder_is_a_clear_error_and_the_arm_keeps_servin
     assert not decision.hit and decision.guard == JUDGE_UNAVAILABLE and message in shelf.error("tt")
 
 
-def test_a_tuned_encoder_entry_cannot_point_outside_the_judge_directory(tuned, tmp_path):
+@pytest.mark.parametrize("where", ["../elsewhere", "..", "/etc", "a/b", ""])
+def test_a_tuned_encoder_entry_cannot_point_outside_the_judge_directory(tuned, tmp_path, where):
     import dataclasses
 
     _, artifact = tuned
-    dataclasses.replace(artifact, version="odd", tuned_encoder={"dir": "../elsewhere", "sha256": "0"}).save(tmp_path)
+    dataclasses.replace(artifact, version="odd", tuned_encoder={"dir": where, "sha256": "0"}).save(tmp_path)
     with pytest.raises(JudgeLoadError, match="directory beside it"):
         JudgeArtifact.load(tmp_path / "judge-odd.json")
 
