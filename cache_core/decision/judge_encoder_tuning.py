@@ -58,6 +58,9 @@ COSENT_SCALE = 20.0
 """CoSENT's temperature (Su 2022; sentence-transformers' CoSENTLoss default)."""
 ENCODER_FOLDS = 3
 """Copies tuned per training run, each without one fold of the own pairs (see above)."""
+ENCODER_FOLD_SEED = 7919
+"""Added to the run's seed for the encoder folds (``judge_train.stratified_folds``), so they are
+not the trees' cross-fitting folds."""
 MIN_TUNING_LABELS = 100
 """Each label needs this many own pairs per fold before an encoder is tuned on them; fewer
 train the judge on the base encoder's features, as before."""
@@ -74,17 +77,6 @@ def encoder_dir_name(version: str) -> str:
 def enough_to_tune(y: np.ndarray) -> bool:
     """Whether ``y`` (own labels) holds enough of each label for every fold's copy to tune on."""
     return min(int((y == 1).sum()), int((y == 0).sum())) >= ENCODER_FOLDS * MIN_TUNING_LABELS
-
-
-def encoder_folds(y: np.ndarray, seed: int, folds: int = ENCODER_FOLDS) -> np.ndarray:
-    """0..folds-1 per row, each label spread evenly over the folds (seeded)."""
-    rng = np.random.default_rng(seed + 7919)
-    fold = np.empty(len(y), dtype=int)
-    for label in (0, 1):
-        idx = np.flatnonzero(y == label)
-        rng.shuffle(idx)
-        fold[idx] = np.arange(len(idx)) % folds
-    return fold
 
 
 def cosent_loss(cosines, labels, scale: float = COSENT_SCALE):
@@ -155,22 +147,22 @@ def export(model, directory: Path) -> str:
     return graph_digest(directory / ONNX_FILE)
 
 
-def tuned_features(own: Sequence[tuple], extra: Sequence[tuple], encode, featurise, *, base_model: str, seed: int,
-                   export_to: Path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """The own pairs' feature matrix (each fold's rows read by a copy tuned without that fold),
+def tuned_features(own: Sequence[tuple], extra: Sequence[tuple], fold: np.ndarray, encode, featurise, *,
+                   base_model: str, seed: int, export_to: Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The own pairs' feature matrix (``fold``: each own pair's fold, 0..k-1, stratified by label;
+    each fold's rows read by a copy tuned without that fold),
     the extra pairs' (read by the shipped copy, the one tuned without fold 0, exported to
     ``export_to``), and the artifact's ``tuned_encoder`` entry.
     ``featurise(pairs, encode, tokens, encoder_cosine=True)`` is ``judge_train.featurise``."""
     from cache_core.decision.judge_tokens import sentence_transformer_token_encoder
 
-    y = np.array([int(p[2]) for p in own])
-    fold = encoder_folds(y, seed)
+    folds = int(fold.max()) + 1
     X_own = None
     shipped = None
     started = time.monotonic()
-    for left_out in range(ENCODER_FOLDS):
+    for left_out in range(folds):
         rows = np.flatnonzero(fold == left_out)
-        log.info("judge encoder: copy %d of %d, tuned without fold %d", left_out + 1, ENCODER_FOLDS, left_out)
+        log.info("judge encoder: copy %d of %d, tuned without fold %d", left_out + 1, folds, left_out)
         model = tune(base_model, [own[i] for i in np.flatnonzero(fold != left_out)], seed)
         X_fold = featurise([own[i] for i in rows], encode, sentence_transformer_token_encoder(model),
                            encoder_cosine=True)

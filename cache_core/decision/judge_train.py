@@ -47,7 +47,8 @@ import numpy as np
 from cache_core.decision.judge_cuts import (MIN_SOURCE_POSITIVES, at_cuts, by_source, left_out_kind_point,
                                             operating_points, strictest_over_sources, unseen_kind_cuts)
 from cache_core.decision.judge_feature_store import FeatureStore, feature_store_for
-from cache_core.decision.judge_encoder_tuning import encoder_dir_name, enough_to_tune, tuned_features
+from cache_core.decision.judge_encoder_tuning import (ENCODER_FOLD_SEED, ENCODER_FOLDS, encoder_dir_name,
+                                                      enough_to_tune, tuned_features)
 from cache_core.decision.judge_features import FEATURE_NAMES, TUNED_FEATURE_NAMES, TokenEncoder, pair_features
 from cache_core.decision.judge_model import (Calibration, CosineBlend, JudgeArtifact, Trees,
                                              artifact_name)
@@ -177,8 +178,9 @@ def train(own: Sequence[Pair], extra: Sequence[Pair], encode, tokens: TokenEncod
         y_own = np.array([p[2] for p in own], dtype=int)
         tuned = None
         if tuned_encoder_dir is not None and enough_to_tune(y_own):
-            X_own, X_extra, tuned = tuned_features(own, extra, encode, featurise, base_model=encoder, seed=seed,
-                                                   export_to=tuned_encoder_dir)
+            fold = stratified_folds(y_own, ENCODER_FOLDS, seed + ENCODER_FOLD_SEED)
+            X_own, X_extra, tuned = tuned_features(own, extra, fold, encode, featurise, base_model=encoder,
+                                                   seed=seed, export_to=tuned_encoder_dir)
         else:
             X_own, X_extra = features(own), base_extra()
         artifact = fit_with_own_labels(X_own, y_own, X_extra, extra_y,
@@ -265,7 +267,7 @@ def fit_with_own_labels(X_own: np.ndarray, y_own: np.ndarray, X_extra: np.ndarra
         return fit_artifact(np.vstack([X_own[tr], X_extra]), np.concatenate([y_own[tr], y_extra]),
                             X_own[ho], y_own[ho], version=version, encoder=encoder, seed=seed, blend=blend)
     started = time.monotonic()
-    fold = _stratified_folds(y_own, folds, seed)
+    fold = stratified_folds(y_own, folds, seed)
     out_of_fold = {kind: np.zeros(len(y_own)) for kind in BLEND_CANDIDATES}
     for k in range(folds):
         X_k = np.vstack([X_own[fold != k], X_extra])
@@ -342,7 +344,7 @@ def _finish(trees: Trees, mixes: dict, scores: dict, cos_cut: np.ndarray, y_cut:
                          calibration=calibration, operating_points=cuts, report=report, blend=mixes[blend])
 
 
-def _stratified_folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
+def stratified_folds(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
     """Each row's fold (0..folds-1), each label spread evenly over the folds."""
     fold = np.empty(len(y), dtype=int)
     for idx in _shuffled_by_label(y, seed):

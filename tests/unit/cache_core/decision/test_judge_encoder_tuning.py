@@ -7,10 +7,10 @@ import pytest
 
 from cache_core.decision import judge_encoder_tuning
 from cache_core.decision.judge import JUDGE_UNAVAILABLE, shelf_judges
-from cache_core.decision.judge_encoder_tuning import cosent_loss, encoder_dir_name, encoder_folds, enough_to_tune
+from cache_core.decision.judge_encoder_tuning import cosent_loss, encoder_dir_name, enough_to_tune
 from cache_core.decision.judge_features import FEATURE_NAMES, TUNED_FEATURE_NAMES, TokenVectors, pair_features
 from cache_core.decision.judge_model import JudgeArtifact, JudgeLoadError, JudgeShelf
-from cache_core.decision.judge_train import train
+from cache_core.decision.judge_train import stratified_folds, train
 from cache_core.decision.rule import HitRule
 from cache_core.experiments import ArmConfig, JudgeConfig
 from tests.unit.cache_core.decision.test_judge import cos, fake_encode, fake_tokens, labelled_pairs
@@ -28,12 +28,12 @@ def test_cosent_loss_is_low_when_every_duplicate_ranks_above_every_other_pair():
     assert cosent_loss(torch.tensor([0.9, 0.8]), torch.tensor([1, 1])) == pytest.approx(0.0)  # nothing to order
 
 
-def test_encoder_folds_split_each_label_evenly_and_the_same_way_for_a_seed():
+def test_folds_split_each_label_evenly_and_the_same_way_for_a_seed():
     y = np.array([1] * 41 + [0] * 60)
-    fold = encoder_folds(y, seed=3, folds=3)
+    fold = stratified_folds(y, folds=3, seed=3)
     assert sorted(np.bincount(fold[y == 1])) == [13, 14, 14] and list(np.bincount(fold[y == 0])) == [20, 20, 20]
-    assert np.array_equal(fold, encoder_folds(y, seed=3, folds=3))
-    assert not np.array_equal(fold, encoder_folds(y, seed=4, folds=3))
+    assert np.array_equal(fold, stratified_folds(y, folds=3, seed=3))
+    assert not np.array_equal(fold, stratified_folds(y, folds=3, seed=4))
     assert not enough_to_tune(np.array([1] * 299 + [0] * 5000)) and enough_to_tune(np.array([1, 0] * 300))
 
 
