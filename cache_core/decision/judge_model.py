@@ -278,12 +278,9 @@ def _check_tuned_encoder(path: Path, tuned) -> None:
 
 
 def graph_digest(path: Path) -> str:
-    """sha256 of a file read in blocks (an encoder export's graph: ~90 MB)."""
-    digest = hashlib.sha256()
+    """sha256 of a file, streamed (an encoder export's graph: ~90 MB)."""
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def artifact_name(version: str) -> str:

@@ -74,11 +74,9 @@ def _weights_fingerprint(location: str) -> list[list]:
     root, files = found
     out = []
     for path in files:
-        digest = hashlib.sha256()
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        out.append([str(path.relative_to(root)), path.stat().st_size, digest.hexdigest()])
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        out.append([str(path.relative_to(root)), path.stat().st_size, digest])
     return out
 
 
